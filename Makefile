@@ -1,0 +1,48 @@
+# eagle-parity: every target bootstraps .venv on first use.
+# The venv sees system site-packages so an existing torch (a CUDA build on a GPU
+# machine) is used as it is; the CPU build of torch is installed only when no
+# torch is importable at all.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.bootstrapped
+
+MODEL    ?= tiny-llama3-eagle
+SCENARIO ?= scenarios/default.yaml
+MODES    ?= all
+BACKEND  ?= auto
+OUT      ?=
+TORCH_CPU_VERSION ?= 2.13.0
+
+.PHONY: parity test test-gpu bench gate models lint clean help
+
+help:
+	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=$(SCENARIO)] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
+	@echo "make test        CPU test suite (what CI runs)"
+	@echo "make test-gpu    tests marked gpu (needs CUDA)"
+	@echo "make bench       side-by-side latency ratios"
+	@echo "make models      rebuild the embedded tiny pair under parity/assets/"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_CPU_VERSION)"
+	@$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
+	@touch $(STAMP)
+
+parity: $(STAMP)
+	$(PY) -m parity run --model $(MODEL) --scenario $(SCENARIO) --modes $(MODES) --backend $(BACKEND) $(if $(OUT),--out $(OUT),)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not gpu" tests
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu tests
+
+bench: $(STAMP)
+	$(PY) -m parity.bench
+
+models: $(STAMP)
+	$(PY) -m parity models build
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,76 @@
+"""The run summary: plain data every renderer reads (summary.json's schema)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import parity
+from parity.analysis.compare import ModeComparison
+
+SCHEMA_VERSION = 1
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    if tokenizer is None:
+        return " ".join(map(str, ids))
+    return tokenizer.decode(ids)
+
+
+def build_summary(*, model: str, model_checksum: str, scenario, backend: str, device: str,
+                  comparisons: dict[str, ModeComparison], runs: dict, tokenizer=None,
+                  diagnosis: dict | None = None) -> dict:
+    """Everything a report shows, as JSON-ready data; the verdict is drift if any mode drifts."""
+    modes = {}
+    divergences = {}
+    for mode, cmp in comparisons.items():
+        acc = cmp.acceptance
+        forwards = runs[mode].result.forwards
+        modes[mode] = {
+            "num_drafts": acc.num_drafts,
+            "accepted_per_position": list(acc.accepted_per_position),
+            "acceptance_per_position": [round(r, 6) for r in acc.rates],
+            "acceptance_ci95": [[round(lo, 6), round(hi, 6)] for lo, hi in cmp.intervals],
+            "mean_acceptance_length": round(acc.mean_acceptance_length, 6),
+            "tokens_equal_to_eager": cmp.tokens_equal_to_eager,
+            "max_abs_logprob_diff": cmp.max_abs_logprob_diff,
+            "mean_abs_logprob_diff": cmp.mean_abs_logprob_diff,
+            "max_logprob_diff_at": cmp.max_logprob_diff_at,
+            "position_drift": cmp.position_drift,
+            "verdict": cmp.verdict,
+            "reasons": cmp.reasons,
+            "num_output_tokens": int(len(runs[mode].result.tokens)),
+            "forwards_by_runtime_mode": {str(k): int(v) for k, v in
+                                         forwards.groupby("runtime_mode").size().items()},
+            "capture": runs[mode].capture,
+        }
+        if cmp.divergences:
+            d = cmp.divergences[0]
+            divergences[mode] = {
+                "req_id": d.req_id, "output_index": d.output_index, "position": d.position,
+                "step": d.step_reference, "window_start": d.window_start,
+                "reference_tokens": d.reference_tokens, "mode_tokens": d.mode_tokens,
+                "reference_text": _decode(tokenizer, d.reference_tokens),
+                "mode_text": _decode(tokenizer, d.mode_tokens),
+                "num_requests_diverged": len(cmp.divergences),
+            }
+    verdict = "drift" if any(m["verdict"] == "drift" for m in modes.values()) else "pass"
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": parity.__version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": model,
+        "model_checksum": model_checksum,
+        "scenario": scenario.name,
+        "scenario_path": scenario.path,
+        "backend": backend,
+        "device": device,
+        "k": scenario.num_speculative_tokens,
+        "temperature": scenario.temperature,
+        "seed": scenario.seed,
+        "num_requests": scenario.num_requests,
+        "tolerances": vars(scenario.tolerances),
+        "verdict": verdict,
+        "modes": modes,
+        "divergences": divergences,
+        "diagnosis": diagnosis,
+    }

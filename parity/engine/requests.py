@@ -1,0 +1,97 @@
+"""Requests and the scheduler that batches them step by step.
+
+Arrivals are staggered by engine step; at most `max_num_seqs` run at once;
+a prompt is prefilled whole in the step it is admitted (no chunking), so a
+prefill joins the running decodes in a mixed batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from parity.engine.kv_cache import BlockAllocator
+
+
+@dataclass
+class Request:
+    req_id: int
+    prompt: list[int]
+    max_tokens: int
+    arrival_step: int = 0
+    # state
+    tokens: list[int] = field(default_factory=list)   # prompt + output
+    drafts: list[int] = field(default_factory=list)   # proposed, awaiting verification
+    draft_logprobs: list[float] = field(default_factory=list)
+    draft_probs: object = None                        # [K, V] tensor when sampling
+    blocks: list[int] = field(default_factory=list)
+    finished: bool = False
+    admitted: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[len(self.prompt):]
+
+
+@dataclass
+class ScheduledRow:
+    request: Request
+    is_prefill: bool
+
+    @property
+    def query(self) -> list[int]:
+        if self.is_prefill:
+            return list(self.request.prompt)
+        return [self.request.tokens[-1]] + list(self.request.drafts)
+
+    @property
+    def first_position(self) -> int:
+        return 0 if self.is_prefill else len(self.request.tokens) - 1
+
+
+class Scheduler:
+    def __init__(self, requests: list[Request], max_num_seqs: int, max_num_batched_tokens: int,
+                 allocator: BlockAllocator, positions_ahead: int, max_model_len: int):
+        self.waiting = sorted(requests, key=lambda r: (r.arrival_step, r.req_id))
+        self.running: list[Request] = []
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.allocator = allocator
+        # NOTE: blocks are reserved for the verify query plus every draft step
+        # of the step, so the drafter never writes outside the request's blocks.
+        self.positions_ahead = positions_ahead
+        self.max_model_len = max_model_len
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.running
+
+    def schedule(self, step: int) -> list[ScheduledRow]:
+        rows = [ScheduledRow(r, False) for r in self.running]
+        budget = self.max_num_batched_tokens - sum(len(r.query) for r in rows)
+        while (self.waiting and self.waiting[0].arrival_step <= step
+               and len(self.running) < self.max_num_seqs
+               and len(self.waiting[0].prompt) <= budget):
+            req = self.waiting.pop(0)
+            req.admitted = True
+            self.running.append(req)
+            rows.append(ScheduledRow(req, True))
+            budget -= len(req.prompt)
+        for row in rows:
+            need = min(self.max_model_len, len(row.request.tokens) + self.positions_ahead)
+            self.allocator.ensure(row.request.blocks, need)
+        return rows
+
+    def retire_finished(self) -> list[Request]:
+        done = [r for r in self.running if r.finished]
+        for req in done:
+            self.allocator.free(req.blocks)
+        self.running = [r for r in self.running if not r.finished]
+        return done

@@ -1,0 +1,299 @@
+"""A deterministic synthetic corpus: short stories from a seeded probabilistic grammar.
+
+Each story fixes a hero (name and pronouns), a job, a town, a pet and a friend,
+then walks through numbered days and times of day. Content slots (adjectives,
+numbers, places, items) are drawn with real entropy so a tiny model cannot
+memorise the text and its greedy continuations do not collapse into loops,
+while context carries over (the hero's name and pronoun, the pet, the place
+that decides which items are found there, counts that are given away and
+remembered at night, the day counter) so there is structure to learn.
+
+Everything is a function of the seed: `random.Random(int)` only, no clock.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+MALE_NAMES = ["Tom", "Sam", "Ben", "Leo", "Max", "Jack", "Finn", "Owen",
+              "Hugo", "Noah", "Eli", "Adam", "Oscar", "Theo"]
+FEMALE_NAMES = ["Mia", "Anna", "Lily", "Emma", "Rose", "Nora", "Ella", "Ruby",
+                "Clara", "Ivy", "Lucy", "Maya", "Zoe", "Alice"]
+TOWNS = ["Oakvale", "Riverton", "Millbrook", "Stonehill", "Ashford", "Greenwood",
+         "Fairport", "Redwater", "Elmstead", "Brightfield", "Westmoor", "Pinecrest"]
+# job -> things people of that job do (phrases the model can copy once it knows the job)
+JOBS = {
+    "baker": ["sold warm bread", "baked sweet cakes"],
+    "farmer": ["grew tall corn", "fed the cows"],
+    "sailor": ["told stories about the sea", "fixed old boats"],
+    "teacher": ["taught the children to read", "wrote long letters"],
+    "painter": ["painted the old houses", "painted the sea"],
+    "doctor": ["helped the sick animals", "made warm tea"],
+    "fisher": ["caught silver fish", "fixed old boats"],
+    "miller": ["ground the wheat into flour", "sold warm bread"],
+    "singer": ["sang songs every night", "told stories about the sea"],
+    "tailor": ["made fine coats", "sold cloth and spices"],
+    "hunter": ["walked in the woods", "fed the cows"],
+    "builder": ["built stone walls", "fixed old boats"],
+    "gardener": ["grew red roses", "grew tall corn"],
+    "merchant": ["sold cloth and spices", "counted gold coins"],
+}
+PERSON_ADJ = ["kind", "brave", "clever", "quiet", "young", "old", "cheerful", "gentle",
+              "curious", "busy", "honest", "shy"]
+PETS = ["cat", "dog", "fox", "owl", "horse", "rabbit", "goat", "duck", "pony", "parrot",
+        "hamster", "turtle"]
+PET_ADJ = ["little", "fluffy", "grey", "brown", "white", "black", "spotted", "sleepy", "lazy",
+           "playful"]
+PET_ACTIONS = ["slept", "played", "ran", "jumped", "sat", "rested", "hid", "waited", "danced",
+               "sang"]
+WILD = ["bird", "frog", "squirrel", "deer", "snail", "mouse", "beetle", "swan"]
+PREPS = ["near", "under", "behind", "beside", "by"]
+# place -> (verbs used there, items found there, features of the place)
+PLACES = {
+    "market": (["bought", "chose", "sold"], ["apple", "pear", "plum", "lemon", "onion", "carrot"], ["stalls", "carts"]),
+    "forest": (["found", "picked", "collected"], ["mushroom", "acorn", "feather", "pinecone", "berry", "stick"], ["trees", "bushes"]),
+    "river": (["found", "collected", "saw"], ["pebble", "shell", "stone", "reed"], ["water", "bridge"]),
+    "garden": (["picked", "grew", "planted"], ["flower", "tomato", "bean", "rose", "pumpkin"], ["fence", "well"]),
+    "library": (["read", "borrowed", "found"], ["book", "map", "letter", "poem"], ["shelves", "window"]),
+    "beach": (["found", "collected", "saw"], ["shell", "pebble", "crab", "stone"], ["waves", "rocks"]),
+    "farm": (["bought", "collected", "counted"], ["egg", "carrot", "potato", "apple"], ["barn", "gate"]),
+    "bakery": (["bought", "chose", "ate"], ["bun", "cookie", "pie", "cake"], ["oven", "door"]),
+    "meadow": (["picked", "saw", "counted"], ["flower", "butterfly", "daisy", "bee"], ["grass", "hedge"]),
+    "hill": (["found", "saw", "counted"], ["stone", "feather", "flower", "cloud"], ["top", "rocks"]),
+    "shop": (["bought", "chose", "found"], ["toy", "ball", "kite", "drum"], ["door", "window"]),
+    "school": (["found", "borrowed", "counted"], ["pencil", "book", "crayon", "map"], ["desks", "window"]),
+}
+PLURALS = {"berry": "berries", "daisy": "daisies", "butterfly": "butterflies", "tomato": "tomatoes",
+           "potato": "potatoes", "mouse": "mice", "deer": "deer"}
+ITEM_ADJ = ["red", "green", "yellow", "blue", "small", "big", "round", "shiny", "old", "fresh",
+            "tiny", "heavy", "soft", "bright", "strange", "lovely", "dusty", "smooth", "sweet",
+            "golden", "purple", "wet", "dry", "pretty"]
+SIZE_ADJ = ["small", "big", "tiny", "large", "long", "short"]
+NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+           "eleven", "twelve"]
+ORDINALS = ["first", "second", "third", "fourth", "fifth"]
+MOODS = ["happy", "tired", "proud", "sleepy", "calm", "excited", "hungry", "glad", "worried",
+         "lonely", "surprised", "cheerful"]
+SKY = ["grey", "clear", "blue", "cloudy", "dark", "bright", "pink"]
+WIND = ["soft", "strong", "cold", "warm", "gentle", "wild"]
+WEATHER = ["cold", "warm", "rainy", "sunny", "quiet", "windy", "foggy"]
+FOODS = ["soup", "bread", "porridge", "rice", "cheese", "noodles", "stew", "salad", "eggs", "pie"]
+DRINKS = ["tea", "milk", "water", "juice", "cocoa"]
+GIFTS = ["hat", "scarf", "ribbon", "cup", "lamp", "basket", "coin", "candle", "bell", "box"]
+DREAMS = ["the sea", "the stars", "a big castle", "a golden boat", "the moon", "a tall tower",
+          "a green dragon", "a long road", "a quiet island", "a flying ship"]
+MOVES = ["went", "walked", "ran", "hurried", "wandered", "rode"]
+ADVERBS = ["slowly", "quickly", "quietly", "happily", "carefully", "early"]
+SAYINGS = ["the {place} was lovely today", "the {pet} looked {mood}", "tomorrow would be {weather}",
+           "{he} should rest now", "the {items} were very {adj}"]
+TIMES = ["In the morning", "At noon", "In the afternoon", "In the evening"]
+ENDINGS = ["lived happily in {town}", "never forgot the {pet}", "told the story to everyone",
+           "went to sleep with a smile", "planned a new trip", "wrote it all in a book"]
+
+PRONOUNS = {"m": ("he", "his", "him"), "f": ("she", "her", "her")}
+
+
+def plural(noun: str, n: int) -> str:
+    if n == 1:
+        return noun
+    return PLURALS.get(noun, noun + "s")
+
+
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _sentence(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
+class _Story:
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.gender = rng.choice("mf")
+        self.name = rng.choice(MALE_NAMES if self.gender == "m" else FEMALE_NAMES)
+        self.he, self.his, self.him = PRONOUNS[self.gender]
+        self.friend = rng.choice([n for n in MALE_NAMES + FEMALE_NAMES if n != self.name])
+        self.job = rng.choice(list(JOBS))
+        self.town = rng.choice(TOWNS)
+        self.pet = rng.choice(PETS)
+        self.place = rng.choice(list(PLACES))
+        self.item: str | None = None
+        self.count = 0
+        self.out: list[str] = []
+
+    def say(self, text: str) -> None:
+        self.out.append(_sentence(text))
+
+    def subject(self) -> str:
+        return self.rng.choice([self.name, self.he, self.he])
+
+    def adjectives(self) -> str:
+        r = self.rng
+        if r.random() < 0.35:
+            return f"{r.choice(SIZE_ADJ)} {r.choice(ITEM_ADJ)}"
+        return r.choice(ITEM_ADJ)
+
+    def intro(self) -> None:
+        r = self.rng
+        adj = r.choice(PERSON_ADJ)
+        self.say(f"once upon a time, there was {article(adj)} {adj} {self.job} named {self.name} "
+                 f"who lived in {self.town}.")
+        adj = r.choice(PET_ADJ)
+        self.say(f"{self.he} had {article(adj)} {adj} {self.pet} and a friend called {self.friend}.")
+        if r.random() < 0.5:
+            self.say(f"every day, {self.name} {r.choice(JOBS[self.job])}.")
+
+    def day_opening(self, day: int) -> None:
+        r = self.rng
+        opening = r.choice([
+            f"the sky was {r.choice(SKY)} and the wind was {r.choice(WIND)}.",
+            f"{self.name} woke up {r.choice(['early', 'late'])} and felt {r.choice(MOODS)}.",
+            f"it was {r.choice(WEATHER)} in {self.town}.",
+        ])
+        self.say(f"on the {ORDINALS[day]} day, {opening}")
+
+    def go(self, time: str) -> None:
+        r = self.rng
+        self.place = r.choice(list(PLACES))
+        company = r.choice([f"with {self.his} {self.pet}", f"with {self.friend}", "alone", ""])
+        adverb = f" {r.choice(ADVERBS)}" if r.random() < 0.4 else ""
+        tail = f" {company}" if company else ""
+        self.say(f"{time.lower()}, {self.subject()} {r.choice(MOVES)}{adverb} to the {self.place}{tail}.")
+        verbs, items, _ = PLACES[self.place]
+        self.item = r.choice(items)
+        self.count = r.randint(1, 12)
+        self.say(f"there {self.he} {r.choice(verbs)} {NUMBERS[self.count]} {self.adjectives()} "
+                 f"{plural(self.item, self.count)}.")
+
+    def event(self) -> None:
+        r = self.rng
+        kind = r.choices(["give", "pet", "meet", "feel", "eat", "gift", "see", "talk"],
+                         weights=[3, 2, 2, 2, 1, 1, 2, 1])[0]
+        feature = r.choice(PLACES[self.place][2])
+        if kind == "give" and self.count >= 2:
+            given = r.randint(1, self.count - 1)
+            self.count -= given
+            self.say(f"{self.subject()} gave {NUMBERS[given]} {plural(self.item, given)} to {self.friend}, "
+                     f"so {self.he} had {NUMBERS[self.count]} left.")
+        elif kind == "pet":
+            self.say(f"the {self.pet} {r.choice(PET_ACTIONS)} {r.choice(PREPS)} the {feature}.")
+        elif kind == "meet":
+            job = r.choice(list(JOBS))
+            adj = r.choice(PERSON_ADJ)
+            self.say(f"at the {self.place}, {self.he} met {article(adj)} {adj} {job} who {r.choice(JOBS[job])}.")
+        elif kind == "feel" and self.item is not None:
+            thing = f"{self.item} was" if self.count == 1 else f"{plural(self.item, 2)} were"
+            self.say(f"{self.subject()} felt {r.choice(MOODS)} because the {thing} {r.choice(ITEM_ADJ)}.")
+        elif kind == "eat":
+            self.say(f"{self.he} ate {r.choice(FOODS)} and drank {r.choice(DRINKS)} {r.choice(PREPS)} the {feature}.")
+        elif kind == "see":
+            animal = r.choice(WILD)
+            n = r.randint(1, 6)
+            self.say(f"{self.subject()} saw {NUMBERS[n]} {r.choice(ITEM_ADJ)} {plural(animal, n)} "
+                     f"{r.choice(PREPS)} the {feature}.")
+        elif kind == "talk" and self.item is not None:
+            saying = r.choice(SAYINGS).format(place=self.place, pet=self.pet, mood=r.choice(MOODS),
+                                              weather=r.choice(WEATHER), he=self.he,
+                                              items=plural(self.item, 2), adj=r.choice(ITEM_ADJ))
+            self.say(f"{self.friend} said that {saying}.")
+        else:
+            adj = r.choice(ITEM_ADJ)
+            self.say(f"{self.friend} said thank you and gave {self.name} {article(adj)} {adj} "
+                     f"{r.choice(GIFTS)}!")
+
+    def night(self) -> None:
+        r = self.rng
+        if self.item is not None and r.random() < 0.5:
+            self.say(f"at night, {self.name} counted the {plural(self.item, 2)}, and there "
+                     f"{'was' if self.count == 1 else 'were'} {NUMBERS[self.count]}.")
+        else:
+            self.say(f"that night, {self.he} dreamed about {r.choice(DREAMS)}.")
+
+    def ending(self) -> None:
+        r = self.rng
+        end = r.choice(ENDINGS).format(town=self.town, pet=self.pet)
+        self.say(f"in the end, {self.name} was {r.choice(MOODS)} and {self.he} {end}.")
+        self.say("the end.")
+
+    def tell(self) -> str:
+        r = self.rng
+        self.intro()
+        for day in range(r.choice([2, 2, 3, 3, 4, 5])):
+            self.day_opening(day)
+            for time in TIMES:
+                if r.random() < 0.4:
+                    continue
+                self.go(time)
+                for _ in range(r.choice([0, 1, 1, 2, 2, 3])):
+                    self.event()
+            self.night()
+        self.ending()
+        return " ".join(self.out)
+
+
+def generate_story(rng: random.Random) -> str:
+    return _Story(rng).tell()
+
+
+def _rng(seed: int, split: str) -> random.Random:
+    # NOTE: int seeding only (str seeds hash through sha512, fine too, but ints are plainer).
+    return random.Random(seed * 1009 + {"train": 1, "heldout": 2, "vocab": 3}[split])
+
+
+def generate_corpus(seed: int, num_stories: int, split: str = "train") -> list[str]:
+    """`num_stories` stories for `seed`; `split` selects independent streams (train / heldout)."""
+    rng = _rng(seed, split)
+    return [generate_story(rng) for _ in range(num_stories)]
+
+
+def words(text: str) -> list[str]:
+    """The word-level tokens of `text`: words, with each punctuation mark a word of its own."""
+    return re.findall(r"\w+|[^\w\s]", text)
+
+
+def vocabulary() -> list[str]:
+    """Every word the grammar can produce, sorted (special tokens not included)."""
+    vocab: set[str] = set()
+    lists = [MALE_NAMES, FEMALE_NAMES, TOWNS, list(JOBS), *JOBS.values(), PERSON_ADJ, PETS,
+             PET_ADJ, PET_ACTIONS, WILD, [plural(w, 2) for w in WILD], PREPS, ITEM_ADJ, SIZE_ADJ,
+             NUMBERS, ORDINALS, MOODS, SKY, WIND, WEATHER, FOODS, DRINKS, GIFTS, DREAMS, MOVES,
+             ADVERBS, SAYINGS, TIMES, ENDINGS, list(PLACES), ["early", "late", "alone", "was", "were"]]
+    for verbs, items, features in PLACES.values():
+        lists += [verbs, items, [plural(i, 2) for i in items], features]
+    for entries in lists:
+        for entry in entries:
+            vocab.update(words(re.sub(r"{\w+}", "", entry)))
+    for he, his, _ in PRONOUNS.values():
+        vocab.update([he, his, he.capitalize()])
+    # literal words of the templates above, gathered from a fixed sample of stories
+    sample = _rng(0, "vocab")
+    for _ in range(400):
+        vocab.update(words(generate_story(sample)))
+    return sorted(vocab)
+
+
+def heldout_prompts(seed: int, count: int = 16, min_words: int = 4, max_words: int = 20) -> list[dict]:
+    """`count` prompts cut from held-out stories: a sentence start plus a few words, ending mid-sentence.
+
+    Each prompt starts at a sentence boundary in the first half of a held-out
+    story, so it carries the story's context words, and stops 4-20 words later
+    before a word that is not the end of the sentence.
+    """
+    rng = _rng(seed, "heldout")
+    prompts = []
+    while len(prompts) < count:
+        story = generate_story(rng)
+        sentences = re.split(r"(?<=[.!]) ", story)
+        first = rng.randrange(0, max(1, len(sentences) // 2))
+        toks = " ".join(sentences[first:]).split(" ")
+        length = rng.randint(min_words, max_words)
+        # step back until the prompt ends mid-sentence (its last word is not final punctuation
+        # and the next word continues the sentence)
+        while length > min_words and (toks[length - 1][-1] in ".!" or length >= len(toks)):
+            length -= 1
+        if toks[length - 1][-1] in ".!,":
+            continue
+        prompts.append({"id": f"p{len(prompts)}", "text": " ".join(toks[:length])})
+    return prompts

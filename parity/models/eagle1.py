@@ -1,0 +1,60 @@
+"""The EAGLE-1 draft head in its published layout.
+
+`fc` maps concat(token embedding, target hidden) 2h -> h, then one Llama
+decoder layer whose input layernorm is dropped; embeddings and lm_head are the
+target's. Checkpoint keys: `fc.weight`, `layers.0.*` (no
+`layers.0.input_layernorm`), optionally `embed_tokens.weight`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+
+class Eagle1Head(nn.Module):
+    def __init__(self, config: LlamaConfig, fc_bias: bool = False):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
+        layer = LlamaDecoderLayer(config, layer_idx=0)
+        # NOTE: EAGLE-1 skips the first layer's input layernorm (the fc output
+        # is already a mix of two normalised-scale signals).
+        layer.input_layernorm = nn.Identity()
+        self.layers = nn.ModuleList([layer])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        # Shared with the target at load time; never saved in the head's checkpoint.
+        self.embed_tokens: nn.Embedding | None = None
+        self.lm_head: nn.Linear | None = None
+
+    def share(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> "Eagle1Head":
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        return self
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
+                meta=None) -> torch.Tensor:
+        """Draft hidden states [T, h] for tokens `input_ids` fused with target `hidden_states`.
+
+        With `meta` the layer attends through the paged cache; without it (training)
+        it uses whatever attention the config names, over one causal sequence.
+        """
+        embeds = self.embed_tokens(input_ids)
+        fused = self.fc(torch.cat((embeds, hidden_states.to(embeds.dtype)), dim=-1)).unsqueeze(0)
+        position_ids = positions.unsqueeze(0)
+        rope = self.rotary_emb(fused, position_ids=position_ids)
+        extra = {"paged": meta} if meta is not None else {}
+        out = self.layers[0](fused, attention_mask=None, position_ids=position_ids,
+                             position_embeddings=rope, **extra)
+        return out[0]
+
+    def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(draft_hidden).float()
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """Weights in the published EAGLE-1 layout (shared tensors left out)."""
+        return {k: v for k, v in self.state_dict().items()
+                if not k.startswith(("embed_tokens.", "lm_head.", "rotary_emb."))}

@@ -1,0 +1,67 @@
+"""The target model: transformers' Llama modules driven over the paged cache.
+
+We call the embedding, rotary embedding, decoder layers and final norm of a
+`LlamaForCausalLM` ourselves instead of `LlamaModel.forward`: that skips mask
+creation (a host sync) and any cache object, and passes the attention metadata
+to every layer so `paged_attention` can read it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from parity.models.paged_attention import ATTN_IMPLEMENTATION
+
+
+def paged_config(config: LlamaConfig) -> LlamaConfig:
+    """Route the config's attention through the paged implementation."""
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    return config
+
+
+class TargetModel(nn.Module):
+    """A Llama-family causal LM whose forward reads paged-attention metadata.
+
+    `forward` returns the final-normed hidden states [T, h] (what EAGLE-1 consumes)
+    and, for EAGLE-3, the hidden states entering `aux_layers` stacked on the last dim.
+    """
+
+    def __init__(self, hf_model: LlamaForCausalLM, aux_layers: tuple[int, ...] = ()):
+        super().__init__()
+        self.hf = hf_model
+        self.config = hf_model.config
+        self.aux_layers = tuple(aux_layers)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.hf.model.embed_tokens
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.hf.lm_head
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor | None]:
+        model = self.hf.model
+        hidden = model.embed_tokens(input_ids).unsqueeze(0)
+        position_ids = positions.unsqueeze(0)
+        rope = model.rotary_emb(hidden, position_ids=position_ids)
+        aux = []
+        for idx, layer in enumerate(model.layers[: self.config.num_hidden_layers]):
+            if idx in self.aux_layers:
+                aux.append(hidden[0])
+            hidden = layer(hidden, attention_mask=None, position_ids=position_ids,
+                           position_embeddings=rope, paged=meta)
+        hidden = model.norm(hidden)[0]
+        aux_hidden = torch.cat(aux, dim=-1) if aux else None
+        return hidden, aux_hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.hf.lm_head(hidden).float()
+
+
+def build_target(config: LlamaConfig, aux_layers: tuple[int, ...] = ()) -> TargetModel:
+    """A randomly initialised target for `config`, in eval mode."""
+    model = LlamaForCausalLM(paged_config(config))
+    return TargetModel(model.eval(), aux_layers)

@@ -1,0 +1,111 @@
+"""The model zoo: names users type, and where their weights come from.
+
+Embedded pairs live under parity/assets/. Real pairs come from a path given on
+the command line, an environment variable, or the local Hugging Face cache;
+nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from parity.errors import ParityInputError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_MODEL = "tiny-llama3-eagle"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    head: str                 # "eagle1" or "eagle3"
+    target_repo: str          # a Hugging Face repo id, or the embedded folder
+    draft_repo: str
+    embedded: bool
+    description: str
+
+
+ZOO: dict[str, ModelEntry] = {e.name: e for e in [
+    ModelEntry("tiny-llama3-eagle", "eagle1", "tiny-llama3-eagle/target", "tiny-llama3-eagle/eagle", True,
+               "embedded tiny Llama-3 (2 layers, hidden 128) + EAGLE-1 head, trained by `parity models build`"),
+    ModelEntry("llama3-eagle", "eagle1", "meta-llama/Meta-Llama-3-8B-Instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B",
+               False, "Llama-3-8B-Instruct + EAGLE-1 head"),
+    ModelEntry("llama3.1-eagle3", "eagle3", "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+               False, "Llama-3.1-8B-Instruct + EAGLE-3 head"),
+]}
+
+
+def get_entry(name: str) -> ModelEntry:
+    if name not in ZOO:
+        raise ParityInputError(f"unknown model {name!r}; known models: {', '.join(ZOO)}")
+    return ZOO[name]
+
+
+def hf_cache_dirs() -> list[Path]:
+    """Hugging Face hub cache folders, in the order transformers looks at them."""
+    dirs = []
+    if os.environ.get("HF_HUB_CACHE"):
+        dirs.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        dirs.append(Path(os.environ["HF_HOME"]) / "hub")
+    dirs.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return dirs
+
+
+def _from_cache(repo: str) -> tuple[Path | None, list[str]]:
+    tried = []
+    for cache in hf_cache_dirs():
+        snapshots = cache / ("models--" + repo.replace("/", "--")) / "snapshots"
+        tried.append(str(snapshots))
+        if snapshots.is_dir():
+            found = sorted((p for p in snapshots.iterdir() if (p / "config.json").is_file()),
+                           key=lambda p: p.stat().st_mtime)
+            if found:
+                return found[-1], tried
+    return None, tried
+
+
+def _env_name(entry: ModelEntry, role: str) -> str:
+    return "PARITY_" + entry.name.upper().replace("-", "_").replace(".", "_") + f"_{role.upper()}_PATH"
+
+
+def resolve_paths(name: str, target_path: str | None = None, draft_path: str | None = None) -> tuple[Path, Path]:
+    """Directories of the target and the draft head for `name`, or exit-2 errors saying what to do."""
+    entry = get_entry(name)
+    if entry.embedded:
+        return ASSETS / entry.target_repo, ASSETS / entry.draft_repo
+    found = []
+    for role, repo, given, flag in (("target", entry.target_repo, target_path, "--target-path"),
+                                    ("draft", entry.draft_repo, draft_path, "--draft-path")):
+        env = _env_name(entry, role)
+        tried: list[str] = []
+        for candidate in (given, os.environ.get(env)):
+            if candidate:
+                tried.append(candidate)
+                if (Path(candidate) / "config.json").is_file():
+                    found.append(Path(candidate))
+                    break
+        else:
+            cached, cache_tried = _from_cache(repo)
+            tried += cache_tried
+            if cached is None:
+                raise ParityInputError(
+                    f"{name}: weights of {repo} not found (tried {', '.join(tried)}); download them on a "
+                    f"machine with hub access (`huggingface-cli download {repo}`) or pass {flag} DIR "
+                    f"or set {env}")
+            found.append(cached)
+    return found[0], found[1]
+
+
+def availability(name: str) -> str:
+    """'embedded', 'local' or 'missing' for `parity models list`."""
+    entry = get_entry(name)
+    if entry.embedded:
+        return "embedded" if (ASSETS / entry.target_repo / "config.json").is_file() else "missing"
+    try:
+        resolve_paths(name)
+    except ParityInputError:
+        return "missing"
+    return "local"

@@ -1,0 +1,50 @@
+"""Run artifacts under reports/<run-id>/, written atomically (temp folder, then rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write JSON to a temp file beside `path`, then rename over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=False, default=str)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def records_frame(runs: dict, table: str) -> pd.DataFrame:
+    frames = []
+    for mode, run in runs.items():
+        frame = getattr(run.result, table).copy()
+        frame.insert(0, "mode", mode)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def write_run(out_dir: Path, summary: dict, runs: dict, extra_writers=()) -> Path:
+    """Write every artifact into a temp folder next to `out_dir`, then move it into place."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    try:
+        write_json(staging / "summary.json", summary)
+        records_frame(runs, "drafts").to_parquet(staging / "records.parquet", index=False)
+        records_frame(runs, "tokens").to_parquet(staging / "tokens.parquet", index=False)
+        records_frame(runs, "forwards").to_parquet(staging / "forwards.parquet", index=False)
+        for writer in extra_writers:
+            writer(staging, summary)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,106 @@
+"""Rich terminal rendering of a run summary. Reads summary data only; computes nothing."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+SHORT = {"eager": "eager", "piecewise": "piecewise", "full": "full", "full_decode_only": "full_dec",
+         "full_and_piecewise": "full+pw"}
+
+
+def _delta_style(delta: float, drift: bool) -> str:
+    if drift:
+        return "bold red"
+    if abs(delta) > 1e-12:
+        return "yellow"
+    return "green"
+
+
+def acceptance_table(summary: dict) -> Table:
+    modes = summary["modes"]
+    names = list(modes)
+    ref = modes.get("eager")
+    k = summary["k"]
+    drafts = ref["num_drafts"] if ref else next(iter(modes.values()))["num_drafts"]
+    table = Table(title=f"Per-position acceptance  (K={k}, {drafts} drafts in eager)", title_justify="left",
+                  header_style="bold", pad_edge=False)
+    table.add_column("pos", justify="right")
+    for name in names:
+        table.add_column(SHORT.get(name, name), justify="right")
+    for i in range(k):
+        cells = []
+        for name in names:
+            m = modes[name]
+            rate = m["acceptance_per_position"][i]
+            if name == "eager" or ref is None:
+                cells.append(Text(f"{rate:.3f}"))
+            else:
+                delta = rate - ref["acceptance_per_position"][i]
+                cells.append(Text(f"{rate:.3f} {delta:+.2f}", style=_delta_style(delta, m["position_drift"][i])))
+        table.add_row(str(i), *cells)
+    table.add_section()
+    row = []
+    for name in names:
+        m = modes[name]
+        text = f"{m['mean_acceptance_length']:.3f}"
+        if ref is not None and name != "eager":
+            delta = m["mean_acceptance_length"] - ref["mean_acceptance_length"]
+            row.append(Text(f"{text} {delta:+.2f}", style=_delta_style(delta, m["verdict"] == "drift")))
+        else:
+            row.append(Text(text))
+    table.add_row("len", *row)
+    table.add_row("tok=", *[Text("yes", style="green") if m["tokens_equal_to_eager"] else Text("NO", style="bold red")
+                            for m in modes.values()])
+    table.add_row("|Δlp|", *[Text(f"{m['max_abs_logprob_diff']:.1e}") for m in modes.values()])
+    table.add_row("", *[Text(m["verdict"].upper(), style="bold green" if m["verdict"] == "pass" else "bold red")
+                        for m in modes.values()])
+    return table
+
+
+def divergence_panels(summary: dict) -> list[Panel]:
+    panels = []
+    for mode, d in summary.get("divergences", {}).items():
+        body = Text()
+        body.append(f"request {d['req_id']}, output token {d['output_index']} (position {d['position']}, "
+                    f"step {d['step']}); {d['num_requests_diverged']} request(s) diverged\n")
+        body.append("eager: ", style="bold")
+        body.append(d["reference_text"] + "\n")
+        body.append(f"{mode}: ", style="bold")
+        body.append(d["mode_text"], style="red")
+        panels.append(Panel(body, title=f"first divergence: {mode} vs eager", title_align="left"))
+    return panels
+
+
+def reasons(summary: dict) -> Text:
+    text = Text()
+    for mode, m in summary["modes"].items():
+        for reason in m["reasons"]:
+            text.append(f"{mode}: ", style="bold red")
+            text.append(reason + "\n")
+    return text
+
+
+def verdict_line(summary: dict) -> Text:
+    drifted = [m for m, v in summary["modes"].items() if v["verdict"] == "drift"]
+    if not drifted:
+        return Text(f"PASS  {summary['model']} / {summary['scenario']} ({summary['backend']}): "
+                    f"{len(summary['modes'])} mode(s) at parity with eager", style="bold green")
+    return Text(f"DRIFT {summary['model']} / {summary['scenario']} ({summary['backend']}): "
+                f"{', '.join(drifted)}", style="bold red")
+
+
+def render(summary: dict, console: Console | None = None, diagnosis_panel=None) -> None:
+    console = console or Console()
+    header = Text(f"{summary['model']}  ·  {summary['scenario']}  ·  backend {summary['backend']}  ·  "
+                  f"T={summary['temperature']}  ·  seed {summary['seed']}", style="dim")
+    parts = [header, acceptance_table(summary), *divergence_panels(summary)]
+    why = reasons(summary)
+    if why.plain:
+        parts.append(why)
+    if diagnosis_panel is not None:
+        parts.append(diagnosis_panel)
+    console.print(Group(*parts))
+    console.print(verdict_line(summary))

@@ -1,0 +1,116 @@
+"""One `parity run`: scenario -> runs (one per mode) -> comparison -> summary -> artifacts."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from parity.errors import ParityInputError
+from parity.scenario import MODE_NAMES, Scenario, load_scenario
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    model: str
+    scenario_path: str
+    modes: tuple[str, ...] | None      # None: the scenario's modes
+    backend: str
+    faults: tuple[str, ...] = ()
+    out: str | None = None
+    seed: int | None = None
+    target_path: str | None = None
+    draft_path: str | None = None
+    dtype: str = "auto"
+
+    @classmethod
+    def from_args(cls, args) -> "RunRequest":
+        modes = None if args.modes in (None, "", "all") else tuple(m.strip() for m in args.modes.split(","))
+        return cls(args.model, args.scenario, modes, args.backend, tuple(args.inject), args.out, args.seed,
+                   args.target_path, args.draft_path, args.dtype)
+
+
+@dataclass
+class RunOutcome:
+    summary: dict
+    runs: dict
+    out_dir: Path
+    scenario: Scenario
+
+
+def resolve_modes(requested: tuple[str, ...] | None, scenario: Scenario) -> tuple[str, ...]:
+    modes = requested or scenario.modes
+    for m in modes:
+        if m not in MODE_NAMES:
+            raise ParityInputError(f"unknown mode {m!r} (known: {', '.join(MODE_NAMES)})")
+    # eager is the reference every other mode is compared with: it always runs, first.
+    return ("eager",) + tuple(m for m in dict.fromkeys(modes) if m != "eager")
+
+
+def resolve_backend(backend: str) -> tuple[str, torch.device]:
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise ParityInputError("--backend cuda: CUDA is not available on this machine (use emulated or auto)")
+    if backend == "auto":
+        backend = "cuda" if torch.cuda.is_available() else "emulated"
+    return backend, torch.device("cuda" if backend == "cuda" else "cpu")
+
+
+def resolve_dtype(dtype: str, embedded: bool, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32 if embedded or device.type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def run_session(request: RunRequest, show_progress: bool = True) -> RunOutcome:
+    from parity.analysis.compare import compare_runs
+    from parity.analysis.summary import build_summary
+    from parity.cli import default_run_id
+    from parity.models.pair import load_pair
+    from parity.models.zoo import get_entry
+    from parity.report.artifacts import write_run
+    from parity.runner import run_mode
+
+    scenario = load_scenario(request.scenario_path)
+    if request.seed is not None:
+        scenario = dataclasses.replace(scenario, seed=request.seed)
+    modes = resolve_modes(request.modes, scenario)
+    backend, device = resolve_backend(request.backend)
+    from parity.faults.catalog import resolve_faults
+    faults = resolve_faults(request.faults)
+    entry = get_entry(request.model)
+    dtype = resolve_dtype(request.dtype, entry.embedded, device)
+    pair = load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
+                     dtype=dtype, device=device)
+
+    runs = {}
+    with _progress(show_progress) as bar:
+        for mode in modes:
+            task = bar.add_task(f"{mode:<20}", total=scenario.num_requests) if bar else None
+            tick = (lambda step, done, t=task: bar.advance(t, len(done))) if bar else None
+            runs[mode] = run_mode(pair, scenario, mode, backend, device, faults, progress=tick)
+    comparisons = compare_runs(runs, scenario)
+    summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
+                            device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer)
+    summary["faults"] = list(request.faults)
+    out_dir = Path(request.out) if request.out else Path("reports") / default_run_id(pair.name, scenario.name)
+    write_run(out_dir, summary, runs)
+    return RunOutcome(summary, runs, out_dir, scenario)
+
+
+class _NoBar:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _progress(show: bool):
+    if not show:
+        return _NoBar()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    transient=True)
