@@ -116,6 +116,18 @@ class MetadataBuilder:
         return self.view(num_tokens_padded, num_reqs_padded, num_reqs, num_tokens,
                          max(r.query_len for r in rows), max(r.seq_len for r in rows))
 
+    def build_dummy(self, num_tokens_padded: int, num_reqs_padded: int) -> AttentionMetadata:
+        """Capture-time metadata: every token padding (PAD slots), so capture writes no KV."""
+        self._fill("input_ids", [0] * num_tokens_padded)
+        self._fill("positions", [0] * num_tokens_padded)
+        self._fill("slot_mapping", [PAD_SLOT] * num_tokens_padded)
+        self._fill("window_start", [0] * num_tokens_padded)
+        self._fill("query_start_loc", [0] + [num_tokens_padded] * num_reqs_padded)
+        self._fill("seq_lens", [0] * num_reqs_padded)
+        self._fill("req_ids", [0] * num_reqs_padded)
+        self.buffers["block_table"][:num_reqs_padded].zero_()
+        return self.view(num_tokens_padded, num_reqs_padded, num_reqs_padded, num_tokens_padded, 1, 1)
+
     def _fill(self, name: str, values: list[int]) -> None:
         host = torch.tensor(values, dtype=torch.int64)
         self.buffers[name][: len(values)].copy_(host, non_blocking=True)

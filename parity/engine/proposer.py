@@ -55,7 +55,7 @@ class EagleProposer:
 
     # --- captured bodies -------------------------------------------------------------
 
-    def prefill_forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple[torch.Tensor]:
+    def prefill_forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple:
         """Draft prefill over the verified tokens; samples draft token 0 at `sample_indices`."""
         b = self.buffers
         meta = current_metadata()
@@ -64,16 +64,19 @@ class EagleProposer:
         rows = b["sample_indices"][:num_reqs_padded]
         row_hidden = hidden[rows]
         self._emit(num_reqs_padded, row_hidden, meta.positions[rows] + 2)
-        return (b["draft_tokens"],)
+        return ()
 
-    def step_forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple[torch.Tensor]:
-        """One draft decode step: one token per row, forward + logits + sample + input update."""
+    def step_forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple:
+        """One draft decode step: one token per row, forward + logits + sample + input update.
+
+        A token-keyed graph may pad tokens beyond the rows; those are inert padding.
+        """
         b = self.buffers
-        n = num_reqs_padded
+        t, n = num_tokens_padded, num_reqs_padded
         meta = current_metadata()
-        hidden = self.head(b["input_ids"][:n], meta.positions, b["hidden_states"][:n], meta)
-        self._emit(n, hidden, meta.positions + 2)
-        return (b["draft_tokens"],)
+        hidden = self.head(b["input_ids"][:t], meta.positions, b["hidden_states"][:t], meta)
+        self._emit(n, hidden[:n], meta.positions[:n] + 2)
+        return ()
 
     def _emit(self, n: int, row_hidden: torch.Tensor, drafted_positions: torch.Tensor) -> None:
         """Sample one draft token per row and write the inputs of the next draft step."""

@@ -66,9 +66,8 @@ PLACES = {
 }
 PLURALS = {"berry": "berries", "daisy": "daisies", "butterfly": "butterflies", "tomato": "tomatoes",
            "potato": "potatoes", "mouse": "mice", "deer": "deer"}
-ITEM_ADJ = ["red", "green", "yellow", "blue", "small", "big", "round", "shiny", "old", "fresh",
-            "tiny", "heavy", "soft", "bright", "strange", "lovely", "dusty", "smooth", "sweet",
-            "golden", "purple", "wet", "dry", "pretty"]
+ITEM_ADJ = ["red", "green", "yellow", "blue", "round", "shiny", "old", "fresh", "heavy", "soft",
+            "bright", "strange", "lovely", "dusty", "smooth", "sweet", "golden", "purple", "wet", "pretty"]
 SIZE_ADJ = ["small", "big", "tiny", "large", "long", "short"]
 NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
            "eleven", "twelve"]
@@ -81,6 +80,7 @@ WEATHER = ["cold", "warm", "rainy", "sunny", "quiet", "windy", "foggy"]
 FOODS = ["soup", "bread", "porridge", "rice", "cheese", "noodles", "stew", "salad", "eggs", "pie"]
 DRINKS = ["tea", "milk", "water", "juice", "cocoa"]
 GIFTS = ["hat", "scarf", "ribbon", "cup", "lamp", "basket", "coin", "candle", "bell", "box"]
+PACKABLE = GIFTS + ["apple", "pear", "lemon", "onion", "book", "map", "ball", "kite", "pencil", "shell"]
 DREAMS = ["the sea", "the stars", "a big castle", "a golden boat", "the moon", "a tall tower",
           "a green dragon", "a long road", "a quiet island", "a flying ship"]
 MOVES = ["went", "walked", "ran", "hurried", "wandered", "rode"]
@@ -127,7 +127,7 @@ class _Story:
         self.out.append(_sentence(text))
 
     def subject(self) -> str:
-        return self.rng.choice([self.name, self.he, self.he])
+        return self.rng.choice([self.name, self.he])
 
     def adjectives(self) -> str:
         r = self.rng
@@ -157,51 +157,93 @@ class _Story:
     def go(self, time: str) -> None:
         r = self.rng
         self.place = r.choice(list(PLACES))
-        company = r.choice([f"with {self.his} {self.pet}", f"with {self.friend}", "alone", ""])
+        company = r.choice([f" with {self.his} {self.pet}", f" with {self.friend}", " alone", ""])
         adverb = f" {r.choice(ADVERBS)}" if r.random() < 0.4 else ""
-        tail = f" {company}" if company else ""
-        self.say(f"{time.lower()}, {self.subject()} {r.choice(MOVES)}{adverb} to the {self.place}{tail}.")
-        verbs, items, _ = PLACES[self.place]
+        time = time.lower()
+        self.say(r.choice([
+            f"{time}, {self.subject()} {r.choice(MOVES)}{adverb} to the {self.place}{company}.",
+            f"{time}, {self.subject()} visited the {self.place}{company}.",
+            f"{time}, {self.he} and {self.friend} {r.choice(MOVES)}{adverb} to the {self.place}.",
+        ]))
+        verbs, items, features = PLACES[self.place]
         self.item = r.choice(items)
         self.count = r.randint(1, 12)
-        self.say(f"there {self.he} {r.choice(verbs)} {NUMBERS[self.count]} {self.adjectives()} "
-                 f"{plural(self.item, self.count)}.")
+        found = f"{r.choice(verbs)} {NUMBERS[self.count]} {self.adjectives()} {plural(self.item, self.count)}"
+        self.say(r.choice([
+            f"there {self.he} {found}.",
+            f"at the {self.place}, {self.he} {found}.",
+            f"{self.he} {found} {r.choice(PREPS)} the {r.choice(features)}.",
+        ]))
 
     def event(self) -> None:
         r = self.rng
-        kind = r.choices(["give", "pet", "meet", "feel", "eat", "gift", "see", "talk"],
-                         weights=[3, 2, 2, 2, 1, 1, 2, 1])[0]
+        kind = r.choices(["give", "pet", "meet", "feel", "eat", "gift", "see", "talk", "weather", "pack"],
+                         weights=[3, 2, 1, 2, 1, 1, 2, 2, 1, 2])[0]
         feature = r.choice(PLACES[self.place][2])
+        items = plural(self.item, 2) if self.item else "things"
         if kind == "give" and self.count >= 2:
             given = r.randint(1, self.count - 1)
             self.count -= given
-            self.say(f"{self.subject()} gave {NUMBERS[given]} {plural(self.item, given)} to {self.friend}, "
-                     f"so {self.he} had {NUMBERS[self.count]} left.")
+            self.say(r.choice([
+                f"{self.subject()} gave {NUMBERS[given]} {plural(self.item, given)} to {self.friend}, "
+                f"so {self.he} had {NUMBERS[self.count]} left.",
+                f"{self.friend} took {NUMBERS[given]} {plural(self.item, given)}, and "
+                f"{NUMBERS[self.count]} {'was' if self.count == 1 else 'were'} left.",
+            ]))
         elif kind == "pet":
-            self.say(f"the {self.pet} {r.choice(PET_ACTIONS)} {r.choice(PREPS)} the {feature}.")
+            self.say(r.choice([
+                f"the {self.pet} {r.choice(PET_ACTIONS)} {r.choice(PREPS)} the {feature}.",
+                f"{self.his} {self.pet} {r.choice(PET_ACTIONS)} {r.choice(ADVERBS)}.",
+                f"the {self.pet} looked {r.choice(MOODS)}.",
+            ]))
         elif kind == "meet":
             job = r.choice(list(JOBS))
             adj = r.choice(PERSON_ADJ)
             self.say(f"at the {self.place}, {self.he} met {article(adj)} {adj} {job} who {r.choice(JOBS[job])}.")
-        elif kind == "feel" and self.item is not None:
-            thing = f"{self.item} was" if self.count == 1 else f"{plural(self.item, 2)} were"
-            self.say(f"{self.subject()} felt {r.choice(MOODS)} because the {thing} {r.choice(ITEM_ADJ)}.")
+        elif kind == "feel":
+            self.say(r.choice([
+                f"{self.subject()} felt {r.choice(MOODS)} because the {items} were {r.choice(ITEM_ADJ)}.",
+                f"{self.subject()} was {r.choice(MOODS)} and {r.choice(MOODS)}.",
+                f"{self.he} felt {r.choice(MOODS)}.",
+            ]))
         elif kind == "eat":
-            self.say(f"{self.he} ate {r.choice(FOODS)} and drank {r.choice(DRINKS)} {r.choice(PREPS)} the {feature}.")
+            self.say(r.choice([
+                f"{self.he} ate {r.choice(FOODS)} and drank {r.choice(DRINKS)}.",
+                f"for lunch, {self.he} had {r.choice(FOODS)} with {r.choice(FOODS)}.",
+            ]))
         elif kind == "see":
             animal = r.choice(WILD)
             n = r.randint(1, 6)
-            self.say(f"{self.subject()} saw {NUMBERS[n]} {r.choice(ITEM_ADJ)} {plural(animal, n)} "
-                     f"{r.choice(PREPS)} the {feature}.")
-        elif kind == "talk" and self.item is not None:
+            self.say(r.choice([
+                f"{self.subject()} saw {NUMBERS[n]} {r.choice(ITEM_ADJ)} {plural(animal, n)} "
+                f"{r.choice(PREPS)} the {feature}.",
+                f"a {r.choice(SIZE_ADJ)} {animal} {r.choice(PET_ACTIONS)} {r.choice(PREPS)} the {feature}.",
+            ]))
+        elif kind == "talk":
             saying = r.choice(SAYINGS).format(place=self.place, pet=self.pet, mood=r.choice(MOODS),
                                               weather=r.choice(WEATHER), he=self.he,
-                                              items=plural(self.item, 2), adj=r.choice(ITEM_ADJ))
-            self.say(f"{self.friend} said that {saying}.")
+                                              items=items, adj=r.choice(ITEM_ADJ))
+            self.say(r.choice([
+                f"{self.friend} said that {saying}.",
+                f"{self.friend} asked {self.name} about the {items}.",
+                f"{self.subject()} told {self.friend} about the {r.choice(list(PLACES))}.",
+            ]))
+        elif kind == "weather":
+            self.say(r.choice([
+                f"then the sky turned {r.choice(SKY)}.",
+                f"suddenly it began to {r.choice(['rain', 'snow'])}.",
+                f"the wind became {r.choice(WIND)}.",
+            ]))
+        elif kind == "pack":
+            things = [f"{article(g)} {g}" for g in r.sample(PACKABLE, 3)]
+            self.say(f"{self.subject()} put {things[0]}, {things[1]} and {things[2]} in {self.his} "
+                     f"{r.choice(['bag', 'basket', 'box'])}.")
         else:
             adj = r.choice(ITEM_ADJ)
-            self.say(f"{self.friend} said thank you and gave {self.name} {article(adj)} {adj} "
-                     f"{r.choice(GIFTS)}!")
+            self.say(r.choice([
+                f"{self.friend} said thank you and gave {self.name} {article(adj)} {adj} {r.choice(GIFTS)}!",
+                f"{self.friend} gave {self.name} {article(adj)} {adj} {r.choice(GIFTS)}.",
+            ]))
 
     def night(self) -> None:
         r = self.rng
@@ -226,7 +268,7 @@ class _Story:
                 if r.random() < 0.4:
                     continue
                 self.go(time)
-                for _ in range(r.choice([0, 1, 1, 2, 2, 3])):
+                for _ in range(r.choice([1, 1, 2, 2, 3, 4])):
                     self.event()
             self.night()
         self.ending()
@@ -259,7 +301,8 @@ def vocabulary() -> list[str]:
     lists = [MALE_NAMES, FEMALE_NAMES, TOWNS, list(JOBS), *JOBS.values(), PERSON_ADJ, PETS,
              PET_ADJ, PET_ACTIONS, WILD, [plural(w, 2) for w in WILD], PREPS, ITEM_ADJ, SIZE_ADJ,
              NUMBERS, ORDINALS, MOODS, SKY, WIND, WEATHER, FOODS, DRINKS, GIFTS, DREAMS, MOVES,
-             ADVERBS, SAYINGS, TIMES, ENDINGS, list(PLACES), ["early", "late", "alone", "was", "were"]]
+             ADVERBS, SAYINGS, TIMES, ENDINGS, list(PLACES), ["early", "late", "alone", "was", "were",
+                                                               "rain", "snow", "things", "bag"]]
     for verbs, items, features in PLACES.values():
         lists += [verbs, items, [plural(i, 2) for i in items], features]
     for entries in lists:

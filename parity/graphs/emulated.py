@@ -1,0 +1,198 @@
+"""CUDA-graph semantics on the CPU, so CI exercises every graph path.
+
+Capture records every aten op through a TorchDispatchMode, with each tensor it
+touches held by reference (a static address). Replay re-executes the ops on
+those same tensors and writes results into the tensors captured, so:
+- a graph keeps reading the tensor it captured even after the engine rebinds a
+  buffer name to a new tensor (BUFFER_REASSIGNED);
+- Python control flow and Python scalars are frozen at capture (FROZEN_AT_CAPTURE);
+- a host sync during capture raises, as it does under CUDA capture;
+- a later capture into the same pool can place its temporaries in outputs that
+  an earlier graph released, so pool aliasing happens (POOL_ALIAS).
+
+Pitfalls handled (found while prototyping): `_unsafe_view` and friends alias
+their input although the schema says fresh (storages are compared); in-place
+view ops change metadata and must not be re-run, so every recorded reference
+is an alias frozen with its capture-time size/stride/offset; ops return
+tuples and lists; boolean-mask indexing does not dispatch `nonzero` on CPU, so
+index dtypes are checked.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from parity.errors import CaptureSyncError
+
+aten = torch.ops.aten
+
+_SYNC_OPS = {
+    aten._local_scalar_dense.default, aten.nonzero.default, aten.nonzero_static.default,
+    aten.masked_select.default, aten.is_nonzero.default, aten.equal.default,
+    aten._unique2.default, aten.unique_consecutive.default, aten.unique_dim.default,
+}
+# In-place ops that only change a tensor's metadata: frozen aliases already carry it.
+_METADATA_INPLACE = {
+    aten.t_.default, aten.transpose_.default, aten.unsqueeze_.default, aten.squeeze_.default,
+    aten.squeeze_.dim, aten.as_strided_.default, aten.detach_.default, aten.swapdims_.default,
+}
+_NO_VALUE_FACTORIES = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default}
+
+VIEW, MUTATING, FUNCTIONAL = 0, 1, 2
+
+
+def _freeze(value):
+    """An alias of a tensor with its capture-time size, stride and offset."""
+    if isinstance(value, torch.Tensor):
+        return value.as_strided(value.size(), value.stride(), value.storage_offset())
+    return value
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _classify(func, args, kwargs, out) -> int:
+    schema = func._schema
+    if func in _METADATA_INPLACE:
+        return VIEW
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return MUTATING
+    if any(r.alias_info is not None for r in schema.returns):
+        return VIEW
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    if not outs:
+        return VIEW
+    inputs = {_storage_ptr(t) for t in tree_flatten((args, kwargs))[0]
+              if isinstance(t, torch.Tensor) and t.numel()}
+    if any(t.numel() and _storage_ptr(t) in inputs for t in outs):
+        return VIEW   # e.g. aten._unsafe_view: an alias despite its schema
+    return FUNCTIONAL
+
+
+class EmulatedPool:
+    """A graph memory pool: outputs released by their owner can host later temporaries."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._free: list[torch.Tensor] = []   # flat byte views of released outputs
+
+    def release(self, tensors) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.numel():
+                storage = t.untyped_storage()
+                self._free.append(torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage))
+
+    def take(self, nbytes: int, device) -> torch.Tensor | None:
+        """Best fit among released blocks, like the caching allocator; None when nothing fits."""
+        fits = [b for b in self._free if b.numel() >= nbytes and b.device == device]
+        if not fits:
+            return None
+        block = min(fits, key=lambda b: b.numel())
+        self._free = [b for b in self._free if b is not block]
+        return block
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, pool: EmulatedPool | None):
+        super().__init__()
+        self.ops: list[tuple] = []
+        self.pool = pool
+        self.read_storages: set[int] = set()
+        self.allocated: set[int] = set()    # storages this capture allocated (pool memory)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _SYNC_OPS:
+            raise CaptureSyncError(f"{func} needs a host sync and cannot be captured in a graph")
+        if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default):
+            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
+                raise CaptureSyncError("boolean-mask indexing needs a host sync and cannot be captured")
+        out = func(*args, **kwargs)
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor) and t.numel():
+                self.read_storages.add(_storage_ptr(t))
+        kind = _classify(func, args, kwargs, out)
+        if kind == VIEW:
+            return out
+        if kind == FUNCTIONAL and self.pool is not None and isinstance(out, torch.Tensor):
+            out = self._place(out)
+        frozen_args, frozen_kwargs = tree_map(_freeze, args), tree_map(_freeze, kwargs)
+        if kind == MUTATING:
+            self.ops.append((func, frozen_args, frozen_kwargs, None))
+            return out
+        fresh = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.allocated.update(_storage_ptr(t) for t in fresh if t.numel())
+        if func not in _NO_VALUE_FACTORIES:
+            self.ops.append((func, frozen_args, frozen_kwargs, [_freeze(t) for t in fresh]))
+        return out
+
+    def _place(self, out: torch.Tensor) -> torch.Tensor:
+        """Put a fresh output in a released block of the pool, if one fits (pool reuse)."""
+        if not out.is_contiguous() or not out.numel():
+            return out
+        block = self.pool.take(out.numel() * out.element_size(), out.device)
+        if block is None:
+            return out
+        placed = torch.empty(0, dtype=out.dtype, device=out.device).set_(
+            block.untyped_storage(), 0, out.size(), out.stride())
+        placed.copy_(out)
+        return placed
+
+
+class EmulatedSegment:
+    """One captured piece: replay re-runs its ops on the captured tensors."""
+
+    def __init__(self, ops: list[tuple], read_storages: set[int], allocated: set[int]):
+        self.ops = ops
+        self.read_storages = read_storages
+        self.allocated = allocated
+
+    def replay(self) -> None:
+        for func, args, kwargs, outs in self.ops:
+            result = func(*args, **kwargs)
+            if outs is None:
+                continue
+            for dst, src in zip(outs, (t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor))):
+                dst.copy_(src)
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.ops)
+
+
+class EmulatedBackend:
+    """The `emulated` backend: begin/end a capture segment, replay it, pools."""
+
+    name = "emulated"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._count = 0
+
+    def new_pool(self, name: str) -> EmulatedPool:
+        return EmulatedPool(name)
+
+    def warmup(self, fn) -> None:
+        """CPU capture executes for real, so there is nothing to warm up."""
+
+    def begin(self, pool: EmulatedPool) -> _Recorder:
+        recorder = _Recorder(pool)
+        recorder.__enter__()
+        return recorder
+
+    def end(self, recorder: _Recorder) -> EmulatedSegment:
+        recorder.__exit__(None, None, None)
+        return EmulatedSegment(recorder.ops, recorder.read_storages, recorder.allocated)
+
+    def abort(self, recorder: _Recorder) -> None:
+        recorder.__exit__(None, None, None)
+
+    def release_outputs(self, pool: EmulatedPool, outputs: tuple, segments) -> tuple:
+        """Hold outputs weakly (as vLLM does): memory the capture allocated returns to the pool."""
+        allocated = set().union(*(s.allocated for s in segments))
+        pool.release(t for t in outputs if isinstance(t, torch.Tensor) and _storage_ptr(t) in allocated)
+        return outputs

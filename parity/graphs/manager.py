@@ -1,0 +1,106 @@
+"""Graph executors: dispatch, capture at start-up, replay; one per owner (target, drafter).
+
+Each owner captures into its own pool (the drafter's is dedicated by default,
+seed 004). Capture runs on dummy metadata with PAD slots and leaves no trace:
+buffers and KV caches are snapshotted before and restored after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from parity.graphs.capture import CapturedGraph, capture
+from parity.graphs.context import forward_context
+from parity.graphs.descriptor import Dispatch
+from parity.graphs.dispatcher import Dispatcher
+from parity.graphs.manifest import audit, build_manifest
+from parity.graphs.modes import EAGER
+
+
+@dataclass
+class GraphEntry:
+    graph: CapturedGraph
+    manifest: tuple
+    num_tokens: int
+    num_reqs: int
+
+
+class GraphExecutor:
+    """Runs the forwards of one owner under one mode on one backend."""
+
+    def __init__(self, owner: str, mode: str, backend, pool, dispatcher: Dispatcher, registries,
+                 weak_outputs: bool = True):
+        self.owner = owner
+        self.mode = mode
+        self.backend = backend
+        self.pool = pool
+        self.dispatcher = dispatcher
+        self.registries = registries
+        self.weak_outputs = weak_outputs
+        self.graphs: dict[tuple, GraphEntry] = {}
+
+    def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
+        return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
+
+    def execute(self, dispatch: Dispatch, fn):
+        if dispatch.runtime_mode == EAGER:
+            return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded)
+        entry = self.graphs[(dispatch.phase, dispatch.runtime_mode, dispatch.descriptor)]
+        return entry.graph.replay()
+
+    def capture_phase(self, phase: str, fn, dummy_metadata, max_tokens: int, snapshot, restore) -> int:
+        """Capture every graph `phase` can dispatch to; returns how many."""
+        count = 0
+        for runtime, descriptor, num_tokens, num_reqs in self.dispatcher.capture_plan(phase, max_tokens):
+            key = (phase, runtime, descriptor)
+            if key in self.graphs:
+                continue
+            saved = snapshot()
+            try:
+                meta = dummy_metadata(phase, num_tokens, num_reqs)
+                body = lambda t=num_tokens, r=num_reqs: fn(t, r)  # noqa: E731
+                with forward_context(meta):
+                    self.backend.warmup(body)
+                    graph = capture(self.backend, self.pool, body, piecewise=runtime == "piecewise",
+                                    weak_outputs=self.weak_outputs)
+            finally:
+                restore(saved)
+            manifest = build_manifest(graph.read_storages, self.registries)
+            self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs)
+            count += 1
+        return count
+
+    def audit(self, dispatch: Dispatch) -> list:
+        entry = self.graphs.get((dispatch.phase, dispatch.runtime_mode, dispatch.descriptor))
+        return audit(entry.manifest, self.registries) if entry else []
+
+    def summary(self) -> dict:
+        return {
+            "graphs": len(self.graphs),
+            "by_runtime": {rt: sum(1 for (_, r, _) in self.graphs if r == rt) for rt in ("piecewise", "full")},
+        }
+
+
+class PaddedEagerExecutor:
+    """The strict reference: pads exactly as a graph mode does, but runs eagerly."""
+
+    def __init__(self, dispatcher: Dispatcher):
+        self.dispatcher = dispatcher
+        self.mode = dispatcher.mode
+
+    def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
+        return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
+
+    def execute(self, dispatch: Dispatch, fn):
+        return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded)
+
+
+def snapshot_tensors(tensors: list[torch.Tensor]):
+    return [t.clone() for t in tensors]
+
+
+def restore_tensors(tensors: list[torch.Tensor], saved) -> None:
+    for live, old in zip(tensors, saved):
+        live.copy_(old)
