@@ -42,6 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a scenario in every mode and compare with eager")
     _common(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--no-bisect", action="store_true", help="do not diagnose drifting modes")
+
+    bisect = sub.add_parser("bisect", help="diagnose why a graph mode drifts from eager")
+    _common(bisect)
+    bisect.add_argument("--mode", default=None,
+                        help="the graph mode to bisect (default: the first scenario mode that drifts)")
+    bisect.add_argument("--json", action="store_true", help="print the diagnosis object alone on stdout")
+
+    faults = sub.add_parser("faults", help="the catalog of injectable bugs")
+    faults_sub = faults.add_subparsers(dest="faults_command", required=True, parser_class=_Parser)
+    faults_sub.add_parser("list", help="every fault with its kind, site and source report")
 
     report = sub.add_parser("report", help="re-render a saved run (no model needed)")
     report.add_argument("dir", help="a run folder holding summary.json")
@@ -78,6 +89,10 @@ def _dispatch(args) -> int:
         return cmd_report(args)
     if args.command == "models":
         return cmd_models(args)
+    if args.command == "bisect":
+        return cmd_bisect(args)
+    if args.command == "faults":
+        return cmd_faults(args)
     if args.command == "scenarios":
         return cmd_scenarios(args)
     raise ParityInputError(f"unknown command {args.command}")
@@ -88,11 +103,46 @@ def cmd_run(args) -> int:
     from parity.session import RunRequest, run_session
     from parity.report.console import render
 
+    from parity.report.diagnosis import diagnosis_panel
+
     request = RunRequest.from_args(args)
     outcome = run_session(request, show_progress=not args.quiet)
-    render(outcome.summary)
+    diagnosis = outcome.summary.get("diagnosis")
+    render(outcome.summary, diagnosis_panel=diagnosis_panel(diagnosis) if diagnosis else None)
     print(f"artifacts: {outcome.out_dir}")
     return EXIT_DRIFT if outcome.summary["verdict"] == "drift" else EXIT_PASS
+
+
+def cmd_bisect(args) -> int:
+    """Localise and explain a graph mode's drift; exit 0 when nothing drifts, 1 with a diagnosis."""
+    from rich.console import Console
+
+    from parity.report.diagnosis import diagnosis_panel
+    from parity.session import RunRequest, bisect_session
+
+    request = RunRequest.from_args(args)
+    diagnosis = bisect_session(request, args.mode)
+    if args.json:
+        print(json.dumps(diagnosis, indent=2, default=str))
+    else:
+        Console().print(diagnosis_panel(diagnosis))
+    return EXIT_PASS if diagnosis["kind"] == "NONE" else EXIT_DRIFT
+
+
+def cmd_faults(args) -> int:
+    """Print the fault catalog."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from parity.faults.catalog import FAULTS
+
+    table = Table(title="fault catalog (--inject NAME)", title_justify="left")
+    for col in ("name", "kind", "strikes in", "seed", "scenario", "shows in"):
+        table.add_column(col)
+    for f in FAULTS.values():
+        table.add_row(f.name, f.kind, f.site, f.seed, f.scenario, ", ".join(f.manifests_in))
+    Console().print(table)
+    return EXIT_PASS
 
 
 def cmd_report(args) -> int:
@@ -108,7 +158,10 @@ def cmd_report(args) -> int:
         raise ParityInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(summary, dict) or "modes" not in summary:
         raise ParityInputError(f"{path}: not a parity summary (no 'modes')")
-    render(summary)
+    from parity.report.diagnosis import diagnosis_panel
+
+    diagnosis = summary.get("diagnosis")
+    render(summary, diagnosis_panel=diagnosis_panel(diagnosis) if diagnosis else None)
     return EXIT_DRIFT if summary.get("verdict") == "drift" else EXIT_PASS
 
 

@@ -21,7 +21,7 @@ class ModeRun:
     capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
 
 
-def engine_config(scenario: Scenario, spec_decode: bool = True) -> EngineConfig:
+def engine_config(scenario: Scenario, spec_decode: bool = True, faults=frozenset()) -> EngineConfig:
     return EngineConfig(
         num_speculative_tokens=scenario.num_speculative_tokens,
         max_num_seqs=scenario.max_num_seqs,
@@ -33,6 +33,7 @@ def engine_config(scenario: Scenario, spec_decode: bool = True) -> EngineConfig:
         sliding_window=scenario.sliding_window,
         sliding_window_layers=scenario.sliding_window_layers,
         spec_decode=spec_decode,
+        faults=frozenset(faults),
     )
 
 
@@ -62,9 +63,9 @@ def run_mode(pair, scenario: Scenario, mode: str, backend: str, device: torch.de
     """Run the scenario once in `mode` on a fresh engine (fresh KV cache and graphs)."""
     from parity.graphs.factory import build_executors
 
-    config = engine_config(scenario)
+    config = engine_config(scenario, faults=faults)
     specs = request_specs(scenario, pair.tokenizer, config)
     engine = SpecDecodeEngine(pair.target, pair.head, config, device)
-    capture = build_executors(engine, mode, backend, scenario, faults)
+    capture = build_executors(engine, mode, backend, scenario)
     result = engine.run(specs, progress=progress)
     return ModeRun(mode, result, backend, capture)

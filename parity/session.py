@@ -24,12 +24,13 @@ class RunRequest:
     target_path: str | None = None
     draft_path: str | None = None
     dtype: str = "auto"
+    bisect: bool = True
 
     @classmethod
     def from_args(cls, args) -> "RunRequest":
         modes = None if args.modes in (None, "", "all") else tuple(m.strip() for m in args.modes.split(","))
         return cls(args.model, args.scenario, modes, args.backend, tuple(args.inject), args.out, args.seed,
-                   args.target_path, args.draft_path, args.dtype)
+                   args.target_path, args.draft_path, args.dtype, not getattr(args, "no_bisect", False))
 
 
 @dataclass
@@ -91,12 +92,66 @@ def run_session(request: RunRequest, show_progress: bool = True) -> RunOutcome:
             tick = (lambda step, done, t=task: bar.advance(t, len(done))) if bar else None
             runs[mode] = run_mode(pair, scenario, mode, backend, device, faults, progress=tick)
     comparisons = compare_runs(runs, scenario)
+    diagnoses = {}
+    if request.bisect:
+        drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
+        for mode in drifting:
+            diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, faults).as_dict()
+    first = next(iter(diagnoses.values()), None)
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
-                            device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer)
+                            device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
+                            diagnosis=first)
+    summary["diagnoses"] = diagnoses
     summary["faults"] = list(request.faults)
     out_dir = Path(request.out) if request.out else Path("reports") / default_run_id(pair.name, scenario.name)
     write_run(out_dir, summary, runs)
     return RunOutcome(summary, runs, out_dir, scenario)
+
+
+def bisect_session(request: RunRequest, mode: str | None) -> dict:
+    """`parity bisect`: diagnose one mode (the first scenario mode that drifts when none is given)."""
+    from parity.analysis.compare import compare_runs
+    from parity.models.pair import load_pair
+    from parity.models.zoo import get_entry
+    from parity.runner import run_mode
+
+    scenario = load_scenario(request.scenario_path)
+    if request.seed is not None:
+        scenario = dataclasses.replace(scenario, seed=request.seed)
+    backend, device = resolve_backend(request.backend)
+    from parity.faults.catalog import resolve_faults
+    faults = resolve_faults(request.faults)
+    if mode is not None and mode not in MODE_NAMES:
+        raise ParityInputError(f"unknown mode {mode!r} (known: {', '.join(MODE_NAMES)})")
+    if mode == "eager":
+        raise ParityInputError("--mode eager: eager is the reference; bisect a graph mode")
+    entry = get_entry(request.model)
+    pair = load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
+                     dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device)
+    if mode is None:
+        modes = resolve_modes(request.modes, scenario)
+        runs = {m: run_mode(pair, scenario, m, backend, device, faults) for m in modes}
+        drifting = [m for m, c in compare_runs(runs, scenario).items() if c.verdict == "drift"]
+        if not drifting:
+            return {"kind": "NONE", "buffers": [], "mode": None,
+                    "evidence": [f"no mode of {', '.join(modes)} drifts from eager"], "replays": 0}
+        mode = drifting[0]
+    return diagnose(pair, scenario, mode, backend, device, faults).as_dict()
+
+
+def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, faults=frozenset()):
+    """Bisect `mode` on engines built exactly as `parity run` builds them."""
+    from parity.analysis.bisect import bisect_mode
+    from parity.engine.spec_decode import SpecDecodeEngine
+    from parity.runner import engine_config, request_specs
+
+    config = engine_config(scenario, faults=faults)
+    specs = request_specs(scenario, pair.tokenizer, config)
+
+    def make_engine():
+        return SpecDecodeEngine(pair.target, pair.head, config, device)
+
+    return bisect_mode(make_engine, specs, mode, backend, scenario, tolerance=scenario.tolerances.logprob_abs)
 
 
 class _NoBar:

@@ -11,6 +11,13 @@ from __future__ import annotations
 import torch
 
 
+# How each buffer is indexed, so analysis can tell real entries from padding.
+TOKEN_BUFFERS = frozenset({"input_ids", "positions", "slot_mapping", "window_start", "hidden_states"})
+ROW_BUFFERS = frozenset({"seq_lens", "block_table", "req_ids", "sample_indices", "draft_tokens",
+                         "draft_logprobs", "draft_probs"})
+ROW_PLUS_ONE_BUFFERS = frozenset({"query_start_loc"})
+
+
 class InputBuffers:
     def __init__(self, owner: str, device: torch.device):
         self.owner = owner

@@ -50,6 +50,9 @@ class AttentionMetadata:
     block_size: int
     max_model_len: int
     window_layers: tuple[int, ...] = ()
+    # Python values a builder may hand the forward (a FULL graph bakes them at capture)
+    draft_step: int = 0
+    window_start_host: list | None = None
 
     def window_for_layer(self, layer: int) -> bool | None:
         return True if layer in self.window_layers else None
@@ -59,7 +62,11 @@ class MetadataBuilder:
     """Writes a batch's metadata into one owner's buffers and returns the view."""
 
     def __init__(self, buffers: InputBuffers, kv_cache: PagedKVCache, block_size: int,
-                 max_model_len: int, sliding_window: int = 0, window_layers: tuple[int, ...] = ()):
+                 max_model_len: int, sliding_window: int = 0, window_layers: tuple[int, ...] = (),
+                 faults: frozenset = frozenset(), drafter: bool = False):
+        self.faults = faults
+        self.drafter = drafter
+        self._table_rows_written: dict[int, int] = {}
         self.buffers = buffers
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -104,17 +111,48 @@ class MetadataBuilder:
             table[i, : len(row.blocks)] = torch.tensor(row.blocks, dtype=torch.int64)
         pad_t = num_tokens_padded - num_tokens
         pad_r = num_reqs_padded - num_reqs
+        faults = self.faults
+        if "padded-rows-unmasked" in faults:
+            # FAULT: num_tokens / num_reqs used where the padded sizes are needed:
+            # padded entries keep whatever an earlier batch left there.
+            pad_t = pad_r = 0
         if write_input_ids:
             self._fill("input_ids", ids + [0] * pad_t)
         self._fill("positions", positions + [0] * pad_t)
         self._fill("slot_mapping", slots + [PAD_SLOT] * pad_t)
         self._fill("window_start", windows + [0] * pad_t)
-        self._fill("query_start_loc", qsl + [num_tokens] * pad_r)
-        self._fill("seq_lens", seq_lens + [0] * pad_r)
+        qsl_values = qsl + [num_tokens] * pad_r
+        if "reassign-query-start-loc" in faults and self.drafter:
+            # FAULT: the drafter's query_start_loc built into a fresh tensor each step.
+            self._rebind("query_start_loc", qsl_values)
+        else:
+            self._fill("query_start_loc", qsl_values)
+        if "reassign-seq-lens" in faults:
+            # FAULT: seq_lens rebound to a new tensor instead of copied into the buffer.
+            self._rebind("seq_lens", seq_lens + [0] * pad_r)
+        else:
+            self._fill("seq_lens", seq_lens + [0] * pad_r)
         self._fill("req_ids", req_ids + [0] * pad_r)
-        self.buffers["block_table"][:num_reqs_padded].copy_(table)
-        return self.view(num_tokens_padded, num_reqs_padded, num_reqs, num_tokens,
+        meta = self.view(num_tokens_padded, num_reqs_padded, num_reqs, num_tokens,
                          max(r.query_len for r in rows), max(r.seq_len for r in rows))
+        if "stale-block-table" in faults:
+            # FAULT: a request's row of the block table is copied only when the request
+            # is first seen, so blocks allocated later never reach the buffer.
+            for i, row in enumerate(rows):
+                if self._table_rows_written.get(row.req_id) != i:
+                    self.buffers["block_table"][i].copy_(table[i])
+                    self._table_rows_written[row.req_id] = i
+            meta.block_table = table.to(self.buffers.device)
+        else:
+            self.buffers["block_table"][:num_reqs_padded].copy_(table)
+        if "frozen-window-state" in faults:
+            meta.window_start_host = windows + [0] * (num_tokens_padded - num_tokens)
+        return meta
+
+    def _rebind(self, name: str, values: list[int]) -> None:
+        fresh = torch.zeros_like(self.buffers[name])
+        fresh[: len(values)] = torch.tensor(values, dtype=fresh.dtype)
+        self.buffers.rebind(name, fresh)
 
     def build_dummy(self, num_tokens_padded: int, num_reqs_padded: int) -> AttentionMetadata:
         """Capture-time metadata: every token padding (PAD slots), so capture writes no KV."""
@@ -126,7 +164,10 @@ class MetadataBuilder:
         self._fill("seq_lens", [0] * num_reqs_padded)
         self._fill("req_ids", [0] * num_reqs_padded)
         self.buffers["block_table"][:num_reqs_padded].zero_()
-        return self.view(num_tokens_padded, num_reqs_padded, num_reqs_padded, num_tokens_padded, 1, 1)
+        meta = self.view(num_tokens_padded, num_reqs_padded, num_reqs_padded, num_tokens_padded, 1, 1)
+        if "frozen-window-state" in self.faults:
+            meta.window_start_host = [0] * num_tokens_padded
+        return meta
 
     def _fill(self, name: str, values: list[int]) -> None:
         host = torch.tensor(values, dtype=torch.int64)
@@ -152,25 +193,33 @@ class MetadataBuilder:
             window_layers=self.window_layers,
         )
 
-    def advance_draft_step(self, num_reqs_padded: int) -> None:
+    def advance_draft_step(self, meta: AttentionMetadata, num_reqs_padded: int) -> None:
         """Between draft decode steps (one token per row): move every live row one position on.
 
         positions += 1, seq_lens += 1, slot_mapping recomputed from the block table,
         positions past max_model_len clamped with a PAD slot, sliding-window starts
         rebuilt. Padded rows (seq_lens 0) stay inert. All in place, on the device.
         """
-        b = self.buffers
-        positions = b["positions"][:num_reqs_padded]
-        seq_lens = b["seq_lens"][:num_reqs_padded]
+        n = num_reqs_padded
+        positions = meta.positions[:n]
+        seq_lens = meta.seq_lens[:n]
         live = seq_lens > 0
         next_pos = positions + 1
         overflow = next_pos >= self.max_model_len
         positions.copy_(torch.where(live, next_pos.clamp(max=self.max_model_len - 1), 0))
         seq_lens.copy_(torch.where(live, (seq_lens + 1).clamp(max=self.max_model_len), 0))
         block_idx = (positions // self.block_size).unsqueeze(1)
-        blocks = b["block_table"][:num_reqs_padded].gather(1, block_idx).squeeze(1)
-        slots = blocks * self.block_size + positions % self.block_size
-        b["slot_mapping"][:num_reqs_padded].copy_(torch.where(live & ~overflow, slots, PAD_SLOT))
+        blocks = meta.block_table[:n].gather(1, block_idx).squeeze(1)
+        slots = torch.where(live & ~overflow, blocks * self.block_size + positions % self.block_size, PAD_SLOT)
+        if "stale-slot-mapping" in self.faults:
+            # FAULT: the new slots go to the metadata object only; the persistent
+            # buffer a graph captured keeps the previous step's slots.
+            fresh = meta.slot_mapping.clone()
+            fresh[:n] = slots
+            meta.slot_mapping = fresh
+        else:
+            meta.slot_mapping[:n].copy_(slots)
         if self.sliding_window:
-            start = (positions - self.sliding_window + 1).clamp(min=0)
-            b["window_start"][:num_reqs_padded].copy_(start)
+            meta.window_start[:n].copy_((positions - self.sliding_window + 1).clamp(min=0))
+        if meta.window_start_host is not None:
+            meta.window_start_host = meta.window_start[: len(meta.window_start_host)].tolist()

@@ -46,12 +46,22 @@ class EagleProposer:
         # so the drafter's position-dependent state must be rebuilt per step too.
         window_layers = (0,) if config.sliding_window and config.sliding_window_layers else ()
         self.builder = MetadataBuilder(b, self.kv_cache, config.block_size, config.max_model_len,
-                                       config.sliding_window, window_layers)
+                                       config.sliding_window, window_layers, config.faults, drafter=True)
+        self.faults = config.faults
+        self.last_hidden: torch.Tensor | None = None
 
-    def advance(self, num_reqs_padded: int) -> None:
+    def advance(self, meta, num_reqs_padded: int) -> None:
         """Eager, between draft decode steps: rebuild the metadata, move the step index on."""
-        self.builder.advance_draft_step(num_reqs_padded)
+        self.builder.advance_draft_step(meta, num_reqs_padded)
         self.buffers["draft_step"].add_(1)
+        meta.draft_step += 1
+
+    def after_forward(self, num_rows: int) -> None:
+        """Eager work after a drafter forward (nothing, in a correct engine)."""
+        if "hidden-states-not-copied" in self.faults:
+            # FAULT: the hidden-state update was moved out of the captured step; it
+            # copies whatever tensor the step function last produced in Python.
+            self.buffers["hidden_states"][:num_rows].copy_(self.last_hidden[:num_rows])
 
     # --- captured bodies -------------------------------------------------------------
 
@@ -59,11 +69,12 @@ class EagleProposer:
         """Draft prefill over the verified tokens; samples draft token 0 at `sample_indices`."""
         b = self.buffers
         meta = current_metadata()
-        hidden = self.head(b["input_ids"][:num_tokens_padded], meta.positions,
-                           b["hidden_states"][:num_tokens_padded], meta)
+        t = num_tokens_padded
+        positions = b["positions"][:t]
+        hidden = self.head(b["input_ids"][:t], positions, b["hidden_states"][:t], meta)
         rows = b["sample_indices"][:num_reqs_padded]
         row_hidden = hidden[rows]
-        self._emit(num_reqs_padded, row_hidden, meta.positions[rows] + 2)
+        self._emit(num_reqs_padded, row_hidden, positions[rows] + 2, meta)
         return ()
 
     def step_forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple:
@@ -74,11 +85,12 @@ class EagleProposer:
         b = self.buffers
         t, n = num_tokens_padded, num_reqs_padded
         meta = current_metadata()
-        hidden = self.head(b["input_ids"][:t], meta.positions, b["hidden_states"][:t], meta)
-        self._emit(n, hidden[:n], meta.positions[:n] + 2)
+        positions = b["positions"][:t]
+        hidden = self.head(b["input_ids"][:t], positions, b["hidden_states"][:t], meta)
+        self._emit(n, hidden[:n], positions[:n] + 2, meta)
         return ()
 
-    def _emit(self, n: int, row_hidden: torch.Tensor, drafted_positions: torch.Tensor) -> None:
+    def _emit(self, n: int, row_hidden: torch.Tensor, drafted_positions: torch.Tensor, meta) -> None:
         """Sample one draft token per row and write the inputs of the next draft step."""
         b = self.buffers
         cfg = self.config
@@ -88,10 +100,17 @@ class EagleProposer:
                                         req_ids=req_ids, positions=drafted_positions)
         probs = rejection.draft_distribution(logits, cfg.temperature)
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1))
-        column = b["draft_step"].expand(n).unsqueeze(1)                   # [n, 1]
+        if "frozen-draft-step" in self.faults:
+            # FAULT: the step index comes in as a Python int (baked at capture).
+            column = torch.full((n, 1), meta.draft_step, dtype=torch.int64, device=tokens.device)
+        else:
+            column = b["draft_step"].expand(n).unsqueeze(1)               # [n, 1]
         b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
         b["draft_logprobs"][:n].scatter_(1, column, logprobs)
         vocab = probs.shape[-1]
         b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
         b["input_ids"][:n].copy_(tokens)
-        b["hidden_states"][:n].copy_(row_hidden)
+        if "hidden-states-not-copied" in self.faults:
+            self.last_hidden = row_hidden
+        else:
+            b["hidden_states"][:n].copy_(row_hidden)

@@ -5,6 +5,10 @@ each: the last token and its K drafts) and newly admitted prefills; the target
 verifies them in one forward; the rejection sampler emits tokens; the drafter
 runs one prefill over the verified tokens and K-1 decode steps, proposing the
 next K drafts. Every forward goes through an executor (eager or graphs).
+
+`events()` runs the loop as a generator that pauses around every forward, so a
+bisector can drive an eager and a graph engine in lockstep; `run()` just
+drains it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 from parity.engine import rejection
 from parity.engine.config import EngineConfig
+from parity.engine.kv_cache import BlockAllocator
 from parity.engine.metadata import RowPlan
 from parity.engine.proposer import EagleProposer
 from parity.engine.records import Records, RunResult
@@ -34,6 +39,22 @@ class RequestSpec:
     arrival_step: int = 0
 
 
+@dataclass
+class ForwardEvent:
+    """A pause point of the loop: before ("pre") or after ("post") a forward, or a step's end."""
+
+    kind: str                  # "pre", "post" or "step_end"
+    step: int
+    index: int                 # forwards run so far in this run (the forward's ordinal)
+    phase: str | None = None   # verify, draft_prefill, draft_step
+    draft_step: int | None = None
+    dispatch: Dispatch | None = None
+    meta: object = None
+    owner: str | None = None   # "target" or "drafter"
+    logits: torch.Tensor | None = None   # the verify output (post verify, step_end)
+    num_rows: int = 0
+
+
 class SpecDecodeEngine:
     def __init__(self, target, head, config: EngineConfig, device: torch.device | str = "cpu",
                  target_executor=None, drafter_executor=None):
@@ -43,6 +64,7 @@ class SpecDecodeEngine:
         self.proposer = EagleProposer(head, config, self.device) if config.spec_decode else None
         self.target_executor = target_executor or EagerExecutor()
         self.drafter_executor = drafter_executor or EagerExecutor()
+        self._forwards = 0
 
     @property
     def k(self) -> int:
@@ -50,50 +72,71 @@ class SpecDecodeEngine:
 
     # --- the loop -------------------------------------------------------------------
 
-    @torch.no_grad()
     def run(self, specs: list[RequestSpec], progress=None) -> RunResult:
-        from parity.engine.kv_cache import BlockAllocator
+        """Run every request to completion and return the records."""
+        holder: dict = {}
+        for _ in self.events(specs, progress, holder):
+            pass
+        return holder["result"]
 
+    @torch.no_grad()
+    def events(self, specs: list[RequestSpec], progress=None, holder: dict | None = None):
+        """The loop as a generator of ForwardEvents; the RunResult lands in holder['result']."""
         cfg = self.config
         allocator = BlockAllocator(cfg.num_blocks, cfg.block_size)
         requests = [Request(s.req_id, list(s.prompt), s.max_tokens, s.arrival_step) for s in specs]
         scheduler = Scheduler(requests, cfg.max_num_seqs, cfg.max_num_batched_tokens, allocator,
                               positions_ahead=2 * self.k + 2, max_model_len=cfg.max_model_len)
         records = Records()
+        self._forwards = 0
         step = 0
         while not scheduler.done:
             rows = scheduler.schedule(step)
             if rows:
-                self._step(step, rows, records)
+                yield from self._step(step, rows, records)
                 finished = scheduler.retire_finished()
                 if progress is not None:
                     progress(step, finished)
             step += 1
         frames = records.frames()
-        return RunResult(frames["drafts"], frames["tokens"], frames["forwards"],
-                         {r.req_id: r.output for r in requests}, step, allocator.num_free, allocator.num_blocks)
+        result = RunResult(frames["drafts"], frames["tokens"], frames["forwards"],
+                           {r.req_id: r.output for r in requests}, step, allocator.num_free,
+                           allocator.num_blocks)
+        if holder is not None:
+            holder["result"] = result
 
-    def _step(self, step: int, rows: list[ScheduledRow], records: Records) -> None:
-        cfg, k = self.config, self.k
+    def _forward(self, step, phase, draft_step, owner, executor, dispatch, meta, fn, records, num_rows):
+        """Run one forward between a pre and a post event."""
+        index = self._forwards
+        yield ForwardEvent("pre", step, index, phase, draft_step, dispatch, meta, owner, num_rows=num_rows)
+        with forward_context(meta):
+            out = executor.execute(dispatch, fn)
+        self._forwards += 1
+        self._log(records, step, dispatch, draft_step)
+        logits = out[0] if out else None
+        yield ForwardEvent("post", step, index, phase, draft_step, dispatch, meta, owner, logits, num_rows)
+        return out
+
+    def _step(self, step: int, rows: list[ScheduledRow], records: Records):
+        k = self.k
         plans = [RowPlan(r.request.req_id, r.query, r.first_position, r.request.blocks) for r in rows]
         num_tokens = sum(p.query_len for p in plans)
         uniform = all(not r.is_prefill for r in rows) and k > 0
         dispatch = self.target_executor.dispatch("verify", num_tokens, len(rows), uniform)
         meta = self.target.builder.build(plans, dispatch.num_tokens_padded, dispatch.num_reqs_padded)
-        with forward_context(meta):
-            logits, features = self.target_executor.execute(dispatch, self.target.forward)
-        self._log(records, step, dispatch, None)
-
+        logits, features = yield from self._forward(step, "verify", None, "target", self.target_executor,
+                                                    dispatch, meta, self.target.forward, records, len(rows))
         starts = [0]
         for p in plans:
             starts.append(starts[-1] + p.query_len)
         emitted = self._sample(rows, plans, starts, logits)
         verified = [(list(r.request.drafts), list(r.request.draft_logprobs)) for r in rows]
         if self.proposer is not None:
-            self._draft(step, rows, plans, starts, emitted, features, records)
+            yield from self._draft(step, rows, plans, starts, emitted, features, records)
         else:
             for i, row in enumerate(rows):
                 row.request.tokens.extend(emitted[i][0])
+        yield ForwardEvent("step_end", step, self._forwards, logits=logits, num_rows=len(rows))
         # NOTE: target logprobs are read only now, after the drafter ran, like an
         # engine that copies outputs to the host asynchronously. A drafter that
         # overwrites live target outputs (a shared graph pool) shows up here.
@@ -102,16 +145,17 @@ class SpecDecodeEngine:
     def _sample(self, rows, plans, starts, logits) -> list[tuple[list[int], int]]:
         """Emitted tokens and number of accepted drafts per row."""
         cfg, k = self.config, self.k
-        out: list[tuple[list[int], int]] = [None] * len(rows)  # type: ignore[list-item]
+        out: list = [None] * len(rows)
         decode = [i for i, r in enumerate(rows) if not r.is_prefill and k > 0]
         plain = [i for i, r in enumerate(rows) if i not in decode]
+        dev = logits.device
         if decode:
-            idx = torch.tensor([starts[i] + j for i in decode for j in range(k + 1)], device=logits.device)
+            idx = torch.tensor([starts[i] + j for i in decode for j in range(k + 1)], device=dev)
             target_logits = logits[idx].view(len(decode), k + 1, -1)
-            drafts = torch.tensor([rows[i].request.drafts for i in decode], device=logits.device)
+            drafts = torch.tensor([rows[i].request.drafts for i in decode], device=dev)
             probs = torch.stack([rows[i].request.draft_probs for i in decode]) if cfg.temperature > 0 else None
-            req_ids = torch.tensor([plans[i].req_id for i in decode], device=logits.device)
-            first = torch.tensor([len(rows[i].request.tokens) for i in decode], device=logits.device)
+            req_ids = torch.tensor([plans[i].req_id for i in decode], device=dev)
+            first = torch.tensor([len(rows[i].request.tokens) for i in decode], device=dev)
             tokens, accepted = rejection.rejection_sample(
                 drafts, probs, target_logits, temperature=cfg.temperature, seed=cfg.seed,
                 req_ids=req_ids, first_positions=first)
@@ -119,18 +163,18 @@ class SpecDecodeEngine:
             for n, i in enumerate(decode):
                 out[i] = (tokens[n][: accepted[n] + 1], accepted[n])
         if plain:
-            idx = torch.tensor([starts[i + 1] - 1 for i in plain], device=logits.device)
-            req_ids = torch.tensor([plans[i].req_id for i in plain], device=logits.device)
-            positions = torch.tensor([plans[i].seq_len for i in plain], device=logits.device)
+            idx = torch.tensor([starts[i + 1] - 1 for i in plain], device=dev)
+            req_ids = torch.tensor([plans[i].req_id for i in plain], device=dev)
+            positions = torch.tensor([plans[i].seq_len for i in plain], device=dev)
             tokens = rejection.sample_target(logits[idx], temperature=cfg.temperature, seed=cfg.seed,
                                              req_ids=req_ids, positions=positions).tolist()
             for n, i in enumerate(plain):
                 out[i] = ([tokens[n]], 0)
         return out
 
-    def _draft(self, step, rows, plans, starts, emitted, features, records) -> None:
+    def _draft(self, step, rows, plans, starts, emitted, features, records):
         """Draft prefill over the verified tokens, then K-1 draft decode steps."""
-        k, proposer = self.k, self.proposer
+        k, proposer, executor = self.k, self.proposer, self.drafter_executor
         b = proposer.buffers
         shifted, sample_rows = [], []
         for i, row in enumerate(rows):
@@ -144,17 +188,18 @@ class SpecDecodeEngine:
                 drafts = row.request.drafts
                 shifted += tokens + drafts[accepted + 1:] + [0]
                 sample_rows.append(starts[i] + accepted)
-        num_tokens = starts[-1]
+        num_tokens, n = starts[-1], len(rows)
         uniform = all(not r.is_prefill for r in rows)
-        d = self.drafter_executor.dispatch("draft_prefill", num_tokens, len(rows), uniform)
+        d = executor.dispatch("draft_prefill", num_tokens, n, uniform)
         b["hidden_states"][:num_tokens].copy_(features[:num_tokens])
         meta = proposer.builder.build(plans, d.num_tokens_padded, d.num_reqs_padded, input_ids=shifted)
-        pad = d.num_reqs_padded - len(rows)
+        pad = d.num_reqs_padded - n
         b["sample_indices"][: d.num_reqs_padded].copy_(torch.tensor(sample_rows + [0] * pad))
         b["draft_step"].fill_(0)
-        with forward_context(meta):
-            self.drafter_executor.execute(d, proposer.prefill_forward)
-        self._log(records, step, d, 0)
+        meta.draft_step = 0
+        yield from self._forward(step, "draft_prefill", 0, "drafter", executor, d, meta,
+                                 proposer.prefill_forward, records, n)
+        proposer.after_forward(n)
 
         # Apply the emitted tokens so positions below are the new sequence's.
         for i, row in enumerate(rows):
@@ -162,17 +207,17 @@ class SpecDecodeEngine:
         if k > 1:
             decode_plans = [RowPlan(p.req_id, [0], len(r.request.tokens) - 1, r.request.blocks)
                             for p, r in zip(plans, rows)]
-            d = self.drafter_executor.dispatch("draft_step", len(rows), len(rows), True)
+            d = executor.dispatch("draft_step", n, n, True)
             meta = proposer.builder.build(decode_plans, d.num_tokens_padded, d.num_reqs_padded,
                                           write_input_ids=False)
             b["draft_step"].fill_(1)
+            meta.draft_step = 1
             for j in range(1, k):
                 if j > 1:
-                    proposer.advance(d.num_reqs_padded)
-                with forward_context(meta):
-                    self.drafter_executor.execute(d, proposer.step_forward)
-                self._log(records, step, d, j)
-        n = len(rows)
+                    proposer.advance(meta, d.num_reqs_padded)
+                yield from self._forward(step, "draft_step", j, "drafter", executor, d, meta,
+                                         proposer.step_forward, records, n)
+                proposer.after_forward(n)
         tokens = b["draft_tokens"][:n].tolist()
         logprobs = b["draft_logprobs"][:n].tolist()
         probs = b["draft_probs"][:n].clone() if self.config.temperature > 0 else None
@@ -200,12 +245,12 @@ class SpecDecodeEngine:
                     "logprob": float(logprobs[query_index + j, tok]),
                 })
             if not row.is_prefill and k > 0:
-                prev_drafts = verified[i]
+                draft_tokens, draft_logprobs = verified[i]
                 for j in range(k):
                     q = starts[i] + j
                     records.drafts.append({
                         "step": step, "req_id": req.req_id, "draft_index": j, "position": base + j,
-                        "draft_token": prev_drafts[0][j], "draft_logprob": prev_drafts[1][j],
+                        "draft_token": draft_tokens[j], "draft_logprob": draft_logprobs[j],
                         "target_token": top_ids[q][0], "target_logprob": top_lp[q][0],
                         "top5_tokens": top_ids[q], "top5_logprobs": top_lp[q],
                         "accepted": j < accepted, "num_accepted": accepted,

@@ -22,12 +22,13 @@ class TargetRunner:
         self.kv_cache = PagedKVCache(mc.num_hidden_layers, config.num_blocks, config.block_size,
                                      mc.num_key_value_heads, head_dim, model.lm_head.weight.dtype, device)
         self.builder = MetadataBuilder(self.buffers, self.kv_cache, config.block_size, config.max_model_len,
-                                       config.sliding_window, config.sliding_window_layers)
+                                       config.sliding_window, config.sliding_window_layers, config.faults)
 
     def forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Verify / prefill forward over the buffers: (logits [T, V] fp32, drafter features [T, *])."""
         b = self.buffers
         meta = current_metadata()
-        hidden, aux = self.model(b["input_ids"][:num_tokens_padded], meta.positions, meta)
+        t = num_tokens_padded
+        hidden, aux = self.model(b["input_ids"][:t], b["positions"][:t], meta)
         logits = self.model.logits(hidden)
         return logits, (aux if aux is not None else hidden)

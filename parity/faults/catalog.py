@@ -1,15 +1,72 @@
-"""The catalog of injectable faults (filled in by the fault work; empty means a clean engine)."""
+"""The catalog of injectable bugs.
+
+Each fault is a named switch that changes the engine the way a real bug did;
+the engine reads `EngineConfig.faults` at the fault's site, and nothing in the
+analysis ever reads it: the harness must find a fault the way it finds a
+user's bug. `manifests_in` says where the fault can show (used by the mutation
+test and `parity faults list`, never by the detector).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from parity.errors import ParityInputError
 
-FAULTS: dict = {}
+GRAPH_MODES = ("piecewise", "full", "full_decode_only", "full_and_piecewise")
+FULL_MODES = ("full", "full_decode_only", "full_and_piecewise")
 
 
-def resolve_faults(names) -> tuple:
-    unknown = [n for n in names if n not in FAULTS]
-    if unknown:
-        known = ", ".join(FAULTS) or "none yet"
-        raise ParityInputError(f"unknown fault {unknown[0]!r} (known: {known})")
-    return tuple(FAULTS[n] for n in names)
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    kind: str               # the bug class the diagnosis must name
+    buffers: tuple[str, ...]  # what the diagnosis must name
+    site: str               # where in the engine it strikes
+    seed: str               # the report it comes from
+    scenario: str           # the shipped scenario where it shows
+    manifests_in: tuple[str, ...]
+    description: str
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in [
+    Fault("reassign-seq-lens", "BUFFER_REASSIGNED", ("seq_lens",), "MetadataBuilder.build", "000, 002",
+          "default", FULL_MODES,
+          "the builder rebinds seq_lens to a new tensor instead of copying into the buffer"),
+    Fault("reassign-query-start-loc", "BUFFER_REASSIGNED", ("query_start_loc",), "MetadataBuilder.build (drafter)",
+          "002", "default", FULL_MODES,
+          "the drafter's query_start_loc is built into a fresh tensor every step"),
+    Fault("stale-slot-mapping", "STALE_BUFFER", ("slot_mapping",), "MetadataBuilder.advance_draft_step", "001",
+          "default", FULL_MODES,
+          "between draft decode steps the new slots reach the metadata object but not the captured buffer"),
+    Fault("stale-block-table", "STALE_BUFFER", ("block_table",), "MetadataBuilder.build", "001",
+          "default", FULL_MODES,
+          "a request's block-table row is copied only when first seen, not after a new block is allocated"),
+    Fault("frozen-draft-step", "FROZEN_AT_CAPTURE", ("draft_step",), "EagleProposer._emit", "001",
+          "default", GRAPH_MODES,
+          "the draft step index reaches the captured step as a Python int"),
+    Fault("frozen-window-state", "FROZEN_AT_CAPTURE", ("window_start_host",), "paged_attention (sliding window)",
+          "001", "s001-multistep-draft", ("full", "full_and_piecewise", "full_decode_only"),
+          "the sliding-window start (position-dependent builder state) is handed over as Python values"),
+    Fault("padded-rows-unmasked", "PADDING_LEAK", ("slot_mapping",), "MetadataBuilder.build", "002",
+          "default", GRAPH_MODES,
+          "padded rows keep stale entries (num_reqs used where num_reqs_padded is needed)"),
+    Fault("shared-pool-alias", "POOL_ALIAS", ("logits",), "graph capture (drafter pool)", "004",
+          "default", GRAPH_MODES,
+          "the drafter captures into the target's pool, whose outputs are held weakly"),
+    Fault("capture-without-metadata", "CAPTURE_CONTEXT", ("query_start_loc", "seq_lens", "slot_mapping",
+                                                          "block_table"),
+          "graph capture (drafter context)", "000", "default", FULL_MODES,
+          "the drafter's graphs are captured with dummy metadata that replay never refreshes"),
+    Fault("hidden-states-not-copied", "STALE_BUFFER", ("hidden_states",), "EagleProposer.after_forward", "001",
+          "default", GRAPH_MODES,
+          "the draft hidden-state update is left outside the captured step"),
+]}
+
+
+def resolve_faults(names) -> frozenset:
+    """Validate fault names (exit 2 on an unknown one) and return them as a set."""
+    for name in names:
+        if name not in FAULTS:
+            raise ParityInputError(f"unknown fault {name!r} (known: {', '.join(FAULTS)})")
+    return frozenset(names)

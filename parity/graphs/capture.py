@@ -73,6 +73,5 @@ def capture(backend, pool, fn, piecewise: bool, weak_outputs: bool = True) -> Ca
         if token is not None:
             ATTENTION_SPLIT.reset(token)
     segments.append(backend.end(state["handle"]))
-    if weak_outputs:
-        outputs = backend.release_outputs(pool, outputs, segments)
+    outputs = backend.finish(pool, outputs, segments, weak_outputs)
     return CapturedGraph("piecewise" if piecewise else "full", segments, calls, outputs)

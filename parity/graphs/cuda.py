@@ -100,6 +100,9 @@ class CudaBackend:
             pass
         capture.stream_ctx.__exit__(None, None, None)
 
-    def release_outputs(self, pool, outputs: tuple, segments) -> tuple:
-        """Hold outputs weakly (as vLLM does): the pool may hand their memory to later captures."""
+    def finish(self, pool, outputs: tuple, segments, weak_outputs: bool) -> tuple:
+        """End of a capture. The caching allocator already reclaimed what died; with weak
+        outputs (as vLLM holds them) the outputs' memory goes back to the pool as well."""
+        if not weak_outputs:
+            return outputs
         return tuple(non_owning(t) if isinstance(t, torch.Tensor) else t for t in outputs)

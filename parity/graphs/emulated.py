@@ -20,6 +20,8 @@ index dtypes are checked.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -44,9 +46,15 @@ VIEW, MUTATING, FUNCTIONAL = 0, 1, 2
 
 
 def _freeze(value):
-    """An alias of a tensor with its capture-time size, stride and offset."""
+    """An alias of a tensor with its capture-time size, stride and offset.
+
+    Made with set_() rather than as_strided() so it is not an autograd view: it
+    keeps the memory alive without keeping the original tensor object alive,
+    and a weakref to that object tells when user code let go of it.
+    """
     if isinstance(value, torch.Tensor):
-        return value.as_strided(value.size(), value.stride(), value.storage_offset())
+        alias = torch.empty(0, dtype=value.dtype, device=value.device)
+        return alias.set_(value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
     return value
 
 
@@ -73,26 +81,105 @@ def _classify(func, args, kwargs, out) -> int:
 
 
 class EmulatedPool:
-    """A graph memory pool: outputs released by their owner can host later temporaries."""
+    """A graph memory pool, modelled on the caching allocator's private pools.
+
+    The pool owns segments of raw memory. A capture's fresh tensors are placed
+    in them first fit in address order (sizes rounded to 512 bytes, free ranges
+    split and coalesced), and a block returns to the pool as soon as the last
+    tensor using it dies (weakref finalizers), during the capture or after it;
+    outputs that their owner holds weakly return at once. So, as with CUDA,
+    captures into one pool overlay the same addresses: harmless while graphs
+    replay one after another and each reads only what it wrote, a bug as soon
+    as one graph's output must outlive another graph's replay.
+    """
+
+    ROUND = 512
+    SEGMENT = 2 << 20
 
     def __init__(self, name: str):
         self.name = name
-        self._free: list[torch.Tensor] = []   # flat byte views of released outputs
+        self._segments: list[torch.Tensor] = []
+        self._bases: dict[int, int] = {}             # segment storage address -> segment index
+        self._free: list[list[list[int]]] = []       # per segment: sorted [offset, size] free ranges
+        self._live: dict[tuple[int, int], list[int]] = {}   # (segment, offset) -> [size, users]
+
+    def allocate_like(self, out: torch.Tensor) -> torch.Tensor:
+        """A tensor shaped like `out` in pool memory (the caller copies the values in)."""
+        nbytes = -(-out.numel() * out.element_size() // self.ROUND) * self.ROUND
+        place = self._find(nbytes, out.device)
+        if place is None:
+            size = max(self.SEGMENT, nbytes)
+            segment = torch.empty(size, dtype=torch.uint8, device=out.device)
+            self._bases[segment.untyped_storage().data_ptr()] = len(self._segments)
+            self._segments.append(segment)
+            self._free.append([[0, size]])
+            place = self._find(nbytes, out.device)
+        seg, offset = place
+        self._live[(seg, offset)] = [nbytes, 0]
+        placed = torch.empty(0, dtype=out.dtype, device=out.device)
+        placed.set_(self._segments[seg].untyped_storage(), offset // out.element_size(), out.size(), out.stride())
+        self.track(placed)
+        return placed
+
+    def _find(self, nbytes: int, device):
+        for seg, ranges in enumerate(self._free):
+            if self._segments[seg].device != device:
+                continue
+            for r in ranges:
+                if r[1] >= nbytes:
+                    offset = r[0]
+                    r[0] += nbytes
+                    r[1] -= nbytes
+                    if r[1] == 0:
+                        ranges.remove(r)
+                    return seg, offset
+        return None
+
+    def _key_of(self, t: torch.Tensor):
+        seg = self._bases.get(t.untyped_storage().data_ptr())
+        if seg is None:
+            return None
+        byte = t.storage_offset() * t.element_size()
+        for (s, offset), (size, _) in self._live.items():
+            if s == seg and offset <= byte < offset + size:
+                return (s, offset)
+        return None
+
+    def track(self, t: torch.Tensor) -> None:
+        """Count `t` as a user of the block it lives in (views keep blocks busy too)."""
+        key = self._key_of(t)
+        if key is not None:
+            self._live[key][1] += 1
+            weakref.finalize(t, self._drop, key, self._live[key])
+
+    def _drop(self, key, record) -> None:
+        if self._live.get(key) is record:
+            record[1] -= 1
+            if record[1] <= 0:
+                self._free_block(key)
+
+    def _free_block(self, key) -> None:
+        size = self._live.pop(key)[0]
+        seg, offset = key
+        ranges = sorted(self._free[seg] + [[offset, size]])
+        merged = [ranges[0]]
+        for r in ranges[1:]:
+            if merged[-1][0] + merged[-1][1] == r[0]:
+                merged[-1][1] += r[1]
+            else:
+                merged.append(r)
+        self._free[seg] = merged
 
     def release(self, tensors) -> None:
+        """Return blocks to the pool now, whoever still points at them (weakly held outputs)."""
         for t in tensors:
-            if isinstance(t, torch.Tensor) and t.numel():
-                storage = t.untyped_storage()
-                self._free.append(torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage))
+            key = self._key_of(t)
+            if key is not None:
+                self._free_block(key)
 
-    def take(self, nbytes: int, device) -> torch.Tensor | None:
-        """Best fit among released blocks, like the caching allocator; None when nothing fits."""
-        fits = [b for b in self._free if b.numel() >= nbytes and b.device == device]
-        if not fits:
-            return None
-        block = min(fits, key=lambda b: b.numel())
-        self._free = [b for b in self._free if b is not block]
-        return block
+    @property
+    def num_segments(self) -> int:
+        return len(self._segments)
 
 
 class _Recorder(TorchDispatchMode):
@@ -101,7 +188,6 @@ class _Recorder(TorchDispatchMode):
         self.ops: list[tuple] = []
         self.pool = pool
         self.read_storages: set[int] = set()
-        self.allocated: set[int] = set()    # storages this capture allocated (pool memory)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -117,39 +203,33 @@ class _Recorder(TorchDispatchMode):
                 self.read_storages.add(_storage_ptr(t))
         kind = _classify(func, args, kwargs, out)
         if kind == VIEW:
+            if self.pool is not None:
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        self.pool.track(t)
             return out
-        if kind == FUNCTIONAL and self.pool is not None and isinstance(out, torch.Tensor):
-            out = self._place(out)
+        if kind == FUNCTIONAL and self.pool is not None and isinstance(out, torch.Tensor) \
+                and out.numel() and out.is_contiguous():
+            placed = self.pool.allocate_like(out)
+            placed.copy_(out)
+            out = placed
         frozen_args, frozen_kwargs = tree_map(_freeze, args), tree_map(_freeze, kwargs)
         if kind == MUTATING:
             self.ops.append((func, frozen_args, frozen_kwargs, None))
             return out
         fresh = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        self.allocated.update(_storage_ptr(t) for t in fresh if t.numel())
+        frozen_outs = [_freeze(t) for t in fresh]
         if func not in _NO_VALUE_FACTORIES:
-            self.ops.append((func, frozen_args, frozen_kwargs, [_freeze(t) for t in fresh]))
+            self.ops.append((func, frozen_args, frozen_kwargs, frozen_outs))
         return out
-
-    def _place(self, out: torch.Tensor) -> torch.Tensor:
-        """Put a fresh output in a released block of the pool, if one fits (pool reuse)."""
-        if not out.is_contiguous() or not out.numel():
-            return out
-        block = self.pool.take(out.numel() * out.element_size(), out.device)
-        if block is None:
-            return out
-        placed = torch.empty(0, dtype=out.dtype, device=out.device).set_(
-            block.untyped_storage(), 0, out.size(), out.stride())
-        placed.copy_(out)
-        return placed
 
 
 class EmulatedSegment:
     """One captured piece: replay re-runs its ops on the captured tensors."""
 
-    def __init__(self, ops: list[tuple], read_storages: set[int], allocated: set[int]):
+    def __init__(self, ops: list[tuple], read_storages: set[int]):
         self.ops = ops
         self.read_storages = read_storages
-        self.allocated = allocated
 
     def replay(self) -> None:
         for func, args, kwargs, outs in self.ops:
@@ -186,13 +266,17 @@ class EmulatedBackend:
 
     def end(self, recorder: _Recorder) -> EmulatedSegment:
         recorder.__exit__(None, None, None)
-        return EmulatedSegment(recorder.ops, recorder.read_storages, recorder.allocated)
+        return EmulatedSegment(recorder.ops, recorder.read_storages)
 
     def abort(self, recorder: _Recorder) -> None:
         recorder.__exit__(None, None, None)
 
-    def release_outputs(self, pool: EmulatedPool, outputs: tuple, segments) -> tuple:
-        """Hold outputs weakly (as vLLM does): memory the capture allocated returns to the pool."""
-        allocated = set().union(*(s.allocated for s in segments))
-        pool.release(t for t in outputs if isinstance(t, torch.Tensor) and _storage_ptr(t) in allocated)
+    def finish(self, pool: EmulatedPool, outputs: tuple, segments, weak_outputs: bool) -> tuple:
+        """End of a capture: what nothing holds any more returns to the pool.
+
+        With weak outputs (as vLLM holds them) the outputs' memory returns too,
+        while the graph still writes it at every replay.
+        """
+        if weak_outputs:
+            pool.release([t for t in outputs if isinstance(t, torch.Tensor)])
         return outputs

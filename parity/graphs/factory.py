@@ -54,6 +54,10 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
     backend = make_backend(backend_name, engine.device)
     target_disp, drafter_disp = dispatchers(engine, mode, drafter_mode, capture_sizes)
     cfg = engine.config
+    faults = cfg.faults
+    if "shared-pool-alias" in faults:
+        # FAULT: the drafter captures into the target's pool.
+        shared_drafter_pool = True
     target_pool = backend.new_pool("target")
     drafter_pool = target_pool if shared_drafter_pool else backend.new_pool("drafter")
     registries = [engine.target.buffers] + ([engine.proposer.buffers] if engine.proposer else [])
@@ -82,6 +86,9 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
 
         def drafter_dummy(phase, t, r):
             meta = proposer.builder.build_dummy(t, r)
+            if "capture-without-metadata" in faults:
+                # FAULT: capture runs with placeholder metadata, not views of the buffers.
+                meta = detached_copy(meta)
             proposer.buffers["sample_indices"].zero_()
             proposer.buffers["draft_step"].zero_()
             return meta
@@ -93,6 +100,14 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
         engine.drafter_executor = drafter_exec
     summary["graphs"] = counts
     return summary
+
+
+def detached_copy(meta):
+    """The same metadata values in fresh tensors that nothing will ever update."""
+    import dataclasses
+
+    fields = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)}
+    return type(meta)(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in fields.items()})
 
 
 def build_executors(engine, mode: str, backend: str, scenario, faults=()) -> dict:

@@ -25,6 +25,7 @@ class GraphEntry:
     manifest: tuple
     num_tokens: int
     num_reqs: int
+    captured_with: dict     # the Python values of the capture-time metadata
 
 
 class GraphExecutor:
@@ -68,7 +69,7 @@ class GraphExecutor:
             finally:
                 restore(saved)
             manifest = build_manifest(graph.read_storages, self.registries)
-            self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs)
+            self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta))
             count += 1
         return count
 
@@ -81,6 +82,14 @@ class GraphExecutor:
             "graphs": len(self.graphs),
             "by_runtime": {rt: sum(1 for (_, r, _) in self.graphs if r == rt) for rt in ("piecewise", "full")},
         }
+
+
+def python_fields(meta) -> dict:
+    """The non-tensor values a metadata object carries (what a graph would bake in)."""
+    import dataclasses
+
+    return {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)
+            if not isinstance(getattr(meta, f.name), torch.Tensor) and f.name != "kv_cache"}
 
 
 class PaddedEagerExecutor:

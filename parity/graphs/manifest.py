@@ -7,7 +7,7 @@ reassigned behind the graph's back.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,11 @@ class ManifestEntry:
     address: int
     shape: tuple[int, ...]
     dtype: str
+    tensor: object = field(default=None, repr=False, compare=False)   # the captured tensor itself
+
+    def as_dict(self) -> dict:
+        return {"owner": self.owner, "name": self.name, "address": self.address, "shape": list(self.shape),
+                "dtype": self.dtype}
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ def build_manifest(read_storages: set[int], registries) -> tuple[ManifestEntry, 
         for name, tensor in registry.items():
             if tensor.untyped_storage().data_ptr() in read_storages:
                 entries.append(ManifestEntry(registry.owner, name, tensor.data_ptr(), tuple(tensor.shape),
-                                             str(tensor.dtype).replace("torch.", "")))
+                                             str(tensor.dtype).replace("torch.", ""), tensor))
     return tuple(entries)
 
 

@@ -86,7 +86,12 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     valid = (j.unsqueeze(0) <= pos) & (j.unsqueeze(0) < meta.seq_lens[token_req].unsqueeze(1))
     window = meta.window_for_layer(layer)
     if window is not None:
-        valid &= j.unsqueeze(0) >= meta.window_start.unsqueeze(1)
+        start = meta.window_start
+        if meta.window_start_host is not None:
+            # FAULT frozen-window-state: the builder's position-dependent state handed
+            # over as Python values, which a FULL graph bakes at capture.
+            start = torch.tensor(meta.window_start_host, dtype=start.dtype, device=start.device)
+        valid &= j.unsqueeze(0) >= start.unsqueeze(1)
 
     scores = torch.einsum("thd,tlhd->thl", q.float(), k_ctx.float()) * scaling
     scores = scores.masked_fill(~valid.unsqueeze(1), float("-inf"))

@@ -1,0 +1,52 @@
+"""The diagnosis panel: a rich rendering of a bisection's result (data in, text out)."""
+
+from __future__ import annotations
+
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+EXPLAIN = {
+    "BUFFER_REASSIGNED": "a metadata field was rebound to a new tensor; the graph keeps reading the old address",
+    "STALE_BUFFER": "the captured buffer is at the right address but was not refreshed before replay",
+    "FROZEN_AT_CAPTURE": "a Python value was baked into the graph at capture",
+    "PADDING_LEAK": "padded entries were not made inert and leak into real rows",
+    "POOL_ALIAS": "drafter temporaries share a graph pool with live target outputs",
+    "CAPTURE_CONTEXT": "the graph was captured with other metadata than the one replay refreshes",
+    "NUMERIC_NOISE": "different kernels for padded shapes: tiny deltas, no token change",
+    "UNKNOWN": "localised, but no buffer or captured value explains it",
+    "NONE": "no divergence found",
+}
+
+
+def diagnosis_panel(d: dict) -> Panel:
+    kind = d.get("kind", "UNKNOWN")
+    style = "green" if kind == "NONE" else ("yellow" if kind in ("NUMERIC_NOISE", "UNKNOWN") else "red")
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("kind", Text(kind, style=f"bold {style}"))
+    grid.add_row("meaning", EXPLAIN.get(kind, ""))
+    if d.get("buffers"):
+        grid.add_row("buffers", ", ".join(d["buffers"]))
+    if d.get("mode"):
+        grid.add_row("mode", str(d["mode"]))
+    if d.get("phase"):
+        where = f"step {d.get('step')}, {d['phase']}"
+        if d.get("draft_step") is not None and d["phase"] != "verify":
+            where += f" (draft step {d['draft_step']})"
+        if d.get("owner"):
+            where += f", {d['owner']}"
+        grid.add_row("where", where)
+    if d.get("rows"):
+        grid.add_row("rows", ", ".join(map(str, d["rows"][:12])))
+    if d.get("captured_address") is not None:
+        grid.add_row("address", f"captured 0x{d['captured_address']:x}, live 0x{(d.get('live_address') or 0):x}")
+    graph = d.get("graph") or {}
+    if graph:
+        grid.add_row("graph", f"{graph.get('runtime_mode')} · {graph.get('num_tokens')} tokens · "
+                              f"{graph.get('num_reqs')} rows")
+    for i, line in enumerate(d.get("evidence") or []):
+        grid.add_row("evidence" if i == 0 else "", line)
+    grid.add_row("replays", str(d.get("replays", 0)))
+    return Panel(grid, title="diagnosis", title_align="left", border_style=style)
