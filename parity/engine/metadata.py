@@ -52,7 +52,7 @@ class AttentionMetadata:
     window_layers: tuple[int, ...] = ()
     # Python values a builder may hand the forward (a FULL graph bakes them at capture)
     draft_step: int = 0
-    window_start_host: list | None = None
+    window_start_host: int | None = None
 
     def window_for_layer(self, layer: int) -> bool | None:
         return True if layer in self.window_layers else None
@@ -146,7 +146,8 @@ class MetadataBuilder:
         else:
             self.buffers["block_table"][:num_reqs_padded].copy_(table)
         if "frozen-window-state" in faults:
-            meta.window_start_host = windows + [0] * (num_tokens_padded - num_tokens)
+            # FAULT: the window start cached as one Python int per batch.
+            meta.window_start_host = min(windows) if windows else 0
         return meta
 
     def _rebind(self, name: str, values: list[int]) -> None:
@@ -166,7 +167,7 @@ class MetadataBuilder:
         self.buffers["block_table"][:num_reqs_padded].zero_()
         meta = self.view(num_tokens_padded, num_reqs_padded, num_reqs_padded, num_tokens_padded, 1, 1)
         if "frozen-window-state" in self.faults:
-            meta.window_start_host = [0] * num_tokens_padded
+            meta.window_start_host = 0
         return meta
 
     def _fill(self, name: str, values: list[int]) -> None:
@@ -222,4 +223,4 @@ class MetadataBuilder:
         if self.sliding_window:
             meta.window_start[:n].copy_((positions - self.sliding_window + 1).clamp(min=0))
         if meta.window_start_host is not None:
-            meta.window_start_host = meta.window_start[: len(meta.window_start_host)].tolist()
+            meta.window_start_host += 1

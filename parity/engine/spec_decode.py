@@ -191,7 +191,9 @@ class SpecDecodeEngine:
         num_tokens, n = starts[-1], len(rows)
         uniform = all(not r.is_prefill for r in rows)
         d = executor.dispatch("draft_prefill", num_tokens, n, uniform)
-        b["hidden_states"][:num_tokens].copy_(features[:num_tokens])
+        # NOTE: EAGLE-3's fusion of the target's auxiliary hidden states runs here,
+        # eagerly, outside the drafter's graphs (they start from the fused features).
+        b["hidden_states"][:num_tokens].copy_(proposer.head.fuse_target_hidden(features[:num_tokens]))
         meta = proposer.builder.build(plans, d.num_tokens_padded, d.num_reqs_padded, input_ids=shifted)
         pad = d.num_reqs_padded - n
         b["sample_indices"][: d.num_reqs_padded].copy_(torch.tensor(sample_rows + [0] * pad))

@@ -51,6 +51,10 @@ class Eagle1Head(nn.Module):
                              position_embeddings=rope, **extra)
         return out[0]
 
+    def fuse_target_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """The target features the drafter's hidden_states buffer holds (EAGLE-1: as they are)."""
+        return features
+
     def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(draft_hidden).float()
 

@@ -89,8 +89,8 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
         start = meta.window_start
         if meta.window_start_host is not None:
             # FAULT frozen-window-state: the builder's position-dependent state handed
-            # over as Python values, which a FULL graph bakes at capture.
-            start = torch.tensor(meta.window_start_host, dtype=start.dtype, device=start.device)
+            # over as a Python int, which a FULL graph bakes at capture.
+            start = torch.full_like(start, meta.window_start_host)
         valid &= j.unsqueeze(0) >= start.unsqueeze(1)
 
     scores = torch.einsum("thd,tlhd->thl", q.float(), k_ctx.float()) * scaling
