@@ -53,15 +53,41 @@ def build_parser() -> argparse.ArgumentParser:
     faults = sub.add_parser("faults", help="the catalog of injectable bugs")
     faults_sub = faults.add_subparsers(dest="faults_command", required=True, parser_class=_Parser)
     faults_sub.add_parser("list", help="every fault with its kind, site and source report")
+    matrix = faults_sub.add_parser("matrix", help="inject every fault, run every mode, print the diagnoses")
+    matrix.add_argument("--model", default="tiny-llama3-eagle")
+    matrix.add_argument("--backend", default="auto", choices=["auto", "cuda", "emulated"])
+    matrix.add_argument("--markdown", action="store_true", help="print a Markdown table")
 
     report = sub.add_parser("report", help="re-render a saved run (no model needed)")
     report.add_argument("dir", help="a run folder holding summary.json")
+    report.add_argument("--markdown", action="store_true", help="print report.md's Markdown instead")
+
+    gate = sub.add_parser("gate", help="CI gate: fail on acceptance or parity drift (JUnit, Markdown, baselines)")
+    _common(gate)
+    gate.set_defaults(scenario=None)   # engine runs: scenarios/default.yaml; imports: default tolerances
+    gate.add_argument("--baseline", default=None, metavar="FILE", help="compare every mode with this baseline")
+    gate.add_argument("--update-baseline", action="store_true",
+                      help="write the run's counts to --baseline (default scenarios/baselines/<scenario>.json)")
+    gate.add_argument("--junit", default=None, metavar="FILE", help="write JUnit XML here")
+    gate.add_argument("--markdown", default=None, metavar="FILE", help="write a Markdown summary here")
+    gate.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
+                      help="a vLLM metrics or printed-acceptance file (repeat; the first is the reference)")
+    gate.add_argument("--num-drafts", type=int, default=None, metavar="N",
+                      help="drafts behind rates-only imports (vLLM's printed text), for a statistical test")
+
+    imp = sub.add_parser("import", help="read acceptance from vLLM (metrics text or printed example output)")
+    imp.add_argument("file", help="Prometheus text of /metrics, or the text vLLM's eagle example printed")
+    imp.add_argument("--num-drafts", type=int, default=None, metavar="N", help="drafts behind printed rates")
+    imp.add_argument("--format", default="auto", choices=["auto", "prometheus", "text"])
+    imp.add_argument("--json", action="store_true", help="print the acceptance record as JSON")
 
     models = sub.add_parser("models", help="list or build models")
     models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=_Parser)
     models_sub.add_parser("list", help="the model zoo and what is available here")
-    build = models_sub.add_parser("build", help="train the embedded tiny pair into parity/assets/")
-    build.add_argument("--out", default=None, help="folder (default parity/assets/tiny-llama3-eagle)")
+    build = models_sub.add_parser("build", help="train an embedded tiny pair into parity/assets/")
+    build.add_argument("--pair", default="tiny-llama3-eagle", choices=["tiny-llama3-eagle", "tiny-llama3-eagle3"],
+                       help="which embedded pair (tiny-llama3-eagle3 reuses tiny-llama3-eagle's target)")
+    build.add_argument("--out", default=None, help="folder (default parity/assets/<pair>)")
 
     scenarios = sub.add_parser("scenarios", help="list shipped scenarios")
     scenarios_sub = scenarios.add_subparsers(dest="scenarios_command", required=True, parser_class=_Parser)
@@ -87,6 +113,10 @@ def _dispatch(args) -> int:
         return cmd_run(args)
     if args.command == "report":
         return cmd_report(args)
+    if args.command == "gate":
+        return cmd_gate(args)
+    if args.command == "import":
+        return cmd_import(args)
     if args.command == "models":
         return cmd_models(args)
     if args.command == "bisect":
@@ -136,11 +166,39 @@ def cmd_faults(args) -> int:
 
     from parity.faults.catalog import FAULTS
 
+    if args.faults_command == "matrix":
+        return cmd_faults_matrix(args)
     table = Table(title="fault catalog (--inject NAME)", title_justify="left")
     for col in ("name", "kind", "strikes in", "seed", "scenario", "shows in"):
         table.add_column(col)
     for f in FAULTS.values():
         table.add_row(f.name, f.kind, f.site, f.seed, f.scenario, ", ".join(f.manifests_in))
+    Console().print(table)
+    return EXIT_PASS
+
+
+def cmd_faults_matrix(args) -> int:
+    """Inject each fault on its home scenario, run every mode, and tabulate what was found."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from parity.faults.matrix import matrix_rows, run_matrix
+    from parity.graphs.modes import MODES
+    from parity.session import resolve_backend
+
+    backend, _ = resolve_backend(args.backend)
+    rows = matrix_rows(run_matrix(args.model, backend, progress=lambda n: print(f"  {n} done", file=sys.stderr)))
+    if args.markdown:
+        print("| fault | " + " | ".join(MODES) + " |")
+        print("|---" * (len(MODES) + 1) + "|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return EXIT_PASS
+    table = Table(title=f"fault x mode ({args.model}, {backend}); '-' = not flagged", title_justify="left")
+    for col in ("fault", *MODES):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
     Console().print(table)
     return EXIT_PASS
 
@@ -161,8 +219,46 @@ def cmd_report(args) -> int:
     from parity.report.diagnosis import diagnosis_panel
 
     diagnosis = summary.get("diagnosis")
-    render(summary, diagnosis_panel=diagnosis_panel(diagnosis) if diagnosis else None)
+    if args.markdown:
+        from parity.report.markdown import render_markdown
+
+        sys.stdout.write(render_markdown(summary))
+    else:
+        render(summary, console=_console(),
+               diagnosis_panel=diagnosis_panel(diagnosis) if diagnosis else None)
     return EXIT_DRIFT if summary.get("verdict") == "drift" else EXIT_PASS
+
+
+def _console():
+    """A rich Console; NO_COLOR set means no escape sequences at all (rich alone keeps bold and dim)."""
+    import os
+
+    from rich.console import Console
+
+    return Console(color_system=None) if os.environ.get("NO_COLOR") else Console()
+
+
+def cmd_gate(args) -> int:
+    """Run (or import) every mode, compare with eager and the baseline; exit 0 pass, 1 drift, 2 bad input."""
+    from parity.gate_session import GateRequest, run_gate
+    from parity.report.gate import render_gate
+
+    outcome = run_gate(GateRequest.from_args(args), show_progress=sys.stderr.isatty())
+    render_gate(outcome.report, console=_console())
+    return EXIT_DRIFT if outcome.verdict == "drift" else EXIT_PASS
+
+
+def cmd_import(args) -> int:
+    """Print the acceptance read from a vLLM file (exit 2 on a bad one)."""
+    from parity.importers.vllm import load_vllm
+    from parity.report.imported import render_record
+
+    record = load_vllm(args.file, args.num_drafts, args.format)
+    if args.json:
+        print(json.dumps(record.as_dict(), indent=2))
+    else:
+        render_record(record.as_dict(), console=_console())
+    return EXIT_PASS
 
 
 def cmd_models(args) -> int:
@@ -181,11 +277,16 @@ def cmd_models(args) -> int:
             table.add_row(name, entry.head, status, entry.target_repo, entry.draft_repo)
         Console().print(table)
         return EXIT_PASS
-    from parity.models.builder.build import build_tiny_pair
-
-    out = Path(args.out) if args.out else ASSETS / "tiny-llama3-eagle"
-    info = build_tiny_pair(out, progress=lambda line: print(line, flush=True))
-    print(json.dumps(info.get("acceptance_estimate", {}), default=str))
+    out = Path(args.out) if args.out else ASSETS / args.pair
+    if args.pair == "tiny-llama3-eagle3":
+        from parity.models.builder.build_eagle3 import build_tiny_eagle3_pair as build_pair
+    else:
+        from parity.models.builder.build import build_tiny_pair as build_pair
+    info = build_pair(out, progress=lambda line: print(line, flush=True))
+    if args.out is None:
+        from parity.models.assets import write_manifest
+        write_manifest(ASSETS)
+    print(json.dumps(info.get("acceptance", {}), default=str))
     print(f"built {out}")
     return EXIT_PASS
 

@@ -26,6 +26,7 @@ class Tolerances:
     acceptance_min_effect: float = 0.05  # smallest per-position acceptance drop that counts as drift
     alpha: float = 0.01               # family-wise significance of the acceptance tests
     require_token_parity: bool = True  # greedy: graph tokens must equal eager tokens
+    require_draft_parity: bool = True  # drafts from the same context must equal eager's
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def _tolerances(check: _Checker, node) -> Tolerances:
         if key not in _TOLERANCE_KEYS:
             check.fail(key_node, f"unknown tolerance {key!r} (known: {', '.join(_TOLERANCE_KEYS)})")
         value = _value(value_node)
-        if key == "require_token_parity":
+        if key in ("require_token_parity", "require_draft_parity"):
             if not isinstance(value, bool):
                 check.fail(value_node, f"{key} must be true or false, got {value!r}")
         elif not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:

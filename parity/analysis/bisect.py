@@ -17,8 +17,8 @@
 4. Otherwise NUMERIC_NOISE when tokens agree within tolerance, else UNKNOWN
    with the localisation found. Never a guess.
 
-The bisector sees only engines and their graphs: it never reads which faults
-an engine was built with.
+The bisector sees only engines and their graphs: it never reads which bugs
+were switched on when an engine was built.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from parity.analysis import stats
+from parity.analysis.draft_parity import draft_parity
 from parity.analysis.metrics import Acceptance, acceptance, wilson_interval
 from parity.scenario import Scenario, Tolerances
 
@@ -36,20 +37,13 @@ class ModeComparison:
     mean_abs_logprob_diff: float
     max_logprob_diff_at: dict | None
     position_drift: list[bool]
+    drafts: object = None          # DraftParity against eager
     verdict: str = "pass"
     reasons: list[str] = field(default_factory=list)
 
 
-def two_proportion_p(x1: int, n1: int, x2: int, n2: int) -> float:
-    """Two-sided p-value of a pooled two-proportion z-test (1.0 when undefined)."""
-    if n1 == 0 or n2 == 0:
-        return 1.0
-    pooled = (x1 + x2) / (n1 + n2)
-    var = pooled * (1 - pooled) * (1 / n1 + 1 / n2)
-    if var <= 0:
-        return 1.0 if x1 * n2 == x2 * n1 else 0.0
-    z = (x1 / n1 - x2 / n2) / math.sqrt(var)
-    return math.erfc(abs(z) / math.sqrt(2))
+# Kept for callers of the old name; the test lives in parity.analysis.stats.
+two_proportion_p = stats.two_proportion_z
 
 
 def _divergences(ref: pd.DataFrame, other: pd.DataFrame, window: int = 6) -> list[Divergence]:
@@ -94,23 +88,32 @@ def compare_mode(mode: str, reference, run, k: int, temperature: float, tol: Tol
     cmp = ModeComparison(mode, acc, intervals, not divergences, divergences, max_d, mean_d, where, [False] * k)
     if mode == REFERENCE:
         return cmp
-    # Bonferroni over positions and modes: the family is every test this run makes.
-    alpha = tol.alpha / max(1, k * max(1, num_modes - 1))
-    for i in range(k):
-        x_ref, x = acc_ref.accepted_per_position[i], acc.accepted_per_position[i]
-        drop = (x_ref / acc_ref.num_drafts if acc_ref.num_drafts else 0.0) - (x / acc.num_drafts if acc.num_drafts else 0.0)
-        p = two_proportion_p(x_ref, acc_ref.num_drafts, x, acc.num_drafts)
-        if abs(drop) >= tol.acceptance_min_effect and p < alpha:
-            cmp.position_drift[i] = True
-            lo, hi = intervals[i]
-            cmp.reasons.append(f"position {i}: acceptance {x}/{acc.num_drafts} (95% CI {lo:.2f}-{hi:.2f}) "
-                               f"vs eager {x_ref}/{acc_ref.num_drafts}, p={p:.2g}")
+    # The family is every position of every graph mode: Holm over this mode's positions at
+    # alpha / (graph modes), i.e. Bonferroni across modes (compare_mode sees one mode at a time).
+    alpha = tol.alpha / max(1, num_modes - 1)
+    tests = stats.position_tests(acc_ref.num_drafts, acc_ref.accepted_per_position,
+                                 acc.num_drafts, acc.accepted_per_position)
+    for t, p_adj in zip(tests, stats.holm([t.p for t in tests])):
+        t.p_adjusted = p_adj
+        if stats.is_drift(p_adj, t.delta, alpha, tol.acceptance_min_effect):
+            t.drift = True
+            cmp.position_drift[t.position] = True
+            cmp.reasons.append(stats.position_message(t, REFERENCE, alpha))
     if temperature == 0 and tol.require_token_parity and divergences:
         d = divergences[0]
         cmp.reasons.append(f"tokens differ from eager in {len(divergences)} request(s); first: request {d.req_id} "
                            f"at output token {d.output_index}")
     if max_d > tol.logprob_abs:
         cmp.reasons.append(f"max |logprob - eager| {max_d:.3g} > {tol.logprob_abs:g}")
+    cmp.drafts = draft_parity(reference.drafts, run.drafts)
+    if tol.require_draft_parity:
+        dp = cmp.drafts
+        if dp.mismatches:
+            f = dp.first_mismatch
+            cmp.reasons.append(f"{dp.mismatches} of {dp.compared} drafts differ from eager's for the same context; "
+                               f"first: request {f['req_id']}, position {f['position']} (draft {f['draft_index']})")
+        if dp.max_abs_logprob_diff > tol.logprob_abs:
+            cmp.reasons.append(f"max |draft logprob - eager| {dp.max_abs_logprob_diff:.3g} > {tol.logprob_abs:g}")
     cmp.verdict = "drift" if cmp.reasons else "pass"
     return cmp
 

@@ -184,11 +184,13 @@ class SpecDecodeEngine:
                 sample_rows.append(starts[i + 1] - 1)
             else:
                 # EAGLE reads (token at position p+1, target hidden at p): the query
-                # shifted left by one; index `accepted` holds the newly sampled token.
+                # shifted left by one; index `accepted` holds the newly sampled token,
+                # later entries (rejected drafts, then a pad) are overwritten next step.
                 drafts = row.request.drafts
-                shifted += tokens + drafts[accepted + 1:] + [0]
+                shifted += (tokens + drafts[accepted + 1:] + [0])[: k + 1]
                 sample_rows.append(starts[i] + accepted)
         num_tokens, n = starts[-1], len(rows)
+        assert len(shifted) == num_tokens, "draft inputs must line up with the verified tokens"
         uniform = all(not r.is_prefill for r in rows)
         d = executor.dispatch("draft_prefill", num_tokens, n, uniform)
         # NOTE: EAGLE-3's fusion of the target's auxiliary hidden states runs here,

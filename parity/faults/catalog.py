@@ -3,8 +3,11 @@
 Each fault is a named switch that changes the engine the way a real bug did;
 the engine reads `EngineConfig.faults` at the fault's site, and nothing in the
 analysis ever reads it: the harness must find a fault the way it finds a
-user's bug. `manifests_in` says where the fault can show (used by the mutation
-test and `parity faults list`, never by the detector).
+user's bug. `manifests_in` lists the modes where the fault shows on its home
+scenario with the embedded pair (the mutation test checks exactly that, and
+`parity faults list` prints it); the detector never reads it. Some faults can
+show in more modes on other workloads: padding leaks need stale entries that
+matter, pool aliasing needs a drafter temporary to land on a live output.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "default", GRAPH_MODES,
           "padded rows keep stale entries (num_reqs used where num_reqs_padded is needed)"),
     Fault("shared-pool-alias", "POOL_ALIAS", ("logits",), "graph capture (drafter pool)", "004",
-          "default", GRAPH_MODES,
+          "default", ("full_decode_only",),
           "the drafter captures into the target's pool, whose outputs are held weakly"),
     Fault("capture-without-metadata", "CAPTURE_CONTEXT", ("query_start_loc", "seq_lens", "slot_mapping",
                                                           "block_table"),
