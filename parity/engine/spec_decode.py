@@ -25,6 +25,7 @@ from parity.engine.proposer import EagleProposer
 from parity.engine.records import Records, RunResult
 from parity.engine.requests import Request, ScheduledRow, Scheduler
 from parity.engine.target_runner import TargetRunner
+from parity.errors import ParityInputError
 from parity.graphs.context import forward_context
 from parity.graphs.descriptor import Dispatch, EagerExecutor
 
@@ -55,6 +56,19 @@ class ForwardEvent:
     num_rows: int = 0
 
 
+def check_admissible(spec: RequestSpec, cfg: EngineConfig) -> None:
+    """A request the scheduler could never finish is an input error, not a hang."""
+    k = cfg.num_speculative_tokens if cfg.spec_decode else 0
+    if not spec.prompt:
+        raise ParityInputError(f"request {spec.req_id}: empty prompt")
+    if len(spec.prompt) > cfg.max_num_batched_tokens:
+        raise ParityInputError(f"request {spec.req_id}: prompt of {len(spec.prompt)} tokens exceeds "
+                               f"max_num_batched_tokens {cfg.max_num_batched_tokens} and can never be scheduled")
+    if len(spec.prompt) + k + 1 > cfg.max_model_len:
+        raise ParityInputError(f"request {spec.req_id}: prompt of {len(spec.prompt)} tokens leaves no room "
+                               f"for K={k} drafts within max_model_len {cfg.max_model_len}")
+
+
 class SpecDecodeEngine:
     def __init__(self, target, head, config: EngineConfig, device: torch.device | str = "cpu",
                  target_executor=None, drafter_executor=None):
@@ -83,6 +97,8 @@ class SpecDecodeEngine:
     def events(self, specs: list[RequestSpec], progress=None, holder: dict | None = None):
         """The loop as a generator of ForwardEvents; the RunResult lands in holder['result']."""
         cfg = self.config
+        for s in specs:
+            check_admissible(s, cfg)
         allocator = BlockAllocator(cfg.num_blocks, cfg.block_size)
         requests = [Request(s.req_id, list(s.prompt), s.max_tokens, s.arrival_step) for s in specs]
         scheduler = Scheduler(requests, cfg.max_num_seqs, cfg.max_num_batched_tokens, allocator,
