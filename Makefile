@@ -25,6 +25,10 @@ help:
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@# NOTE: when $(PYTHON) is itself a venv (as on GPU images), --system-site-packages
+	@# only reaches the base interpreter; a .pth makes the parent's packages visible too.
+	@$(PYTHON) -c "import site; print('\n'.join(site.getsitepackages()))" \
+		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_parent_site.pth"
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_CPU_VERSION)"
 	@$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
 	@touch $(STAMP)
@@ -46,3 +50,6 @@ models: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+gate: $(STAMP)
+	$(PY) -m parity gate --scenario $(SCENARIO) --model $(MODEL) --baseline scenarios/baselines/$(basename $(notdir $(SCENARIO))).json --junit reports/gate-junit.xml --markdown reports/gate.md

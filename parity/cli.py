@@ -36,6 +36,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every `parity` command."""
     parser = _Parser(prog="parity", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse, dispatch, and turn bad input into one line and exit 2."""
     try:
         args = build_parser().parse_args(argv)
         return _dispatch(args)
@@ -312,6 +314,7 @@ def cmd_scenarios(args) -> int:
 
 
 def default_run_id(model: str, scenario: str) -> str:
+    """`<timestamp>-<model>-<scenario>`, the default run folder name under reports/."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{model}-{scenario}"
 

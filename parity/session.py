@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +105,8 @@ def run_session(request: RunRequest, show_progress: bool = True) -> RunOutcome:
     summary["diagnoses"] = diagnoses
     summary["faults"] = list(request.faults)
     out_dir = Path(request.out) if request.out else Path("reports") / default_run_id(pair.name, scenario.name)
-    write_run(out_dir, summary, runs)
+    from parity.report.writers import RUN_REPORT_WRITERS
+    write_run(out_dir, summary, runs, extra_writers=RUN_REPORT_WRITERS)
     return RunOutcome(summary, runs, out_dir, scenario)
 
 
@@ -151,7 +153,10 @@ def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, faults=f
     def make_engine():
         return SpecDecodeEngine(pair.target, pair.head, config, device)
 
-    return bisect_mode(make_engine, specs, mode, backend, scenario, tolerance=scenario.tolerances.logprob_abs)
+    start = time.perf_counter()
+    diagnosis = bisect_mode(make_engine, specs, mode, backend, scenario, tolerance=scenario.tolerances.logprob_abs)
+    diagnosis.timing = {"bisect_seconds": round(time.perf_counter() - start, 3)}
+    return diagnosis
 
 
 class _NoBar:

@@ -55,6 +55,7 @@ class Diagnosis:
     evidence: list[str] = field(default_factory=list)
     replays: int = 0
     max_abs_diff: float | None = None
+    timing: dict | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,16 +20,22 @@ def home_scenario(fault, scenarios_dir: Path = SCENARIOS) -> Path:
 
 def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", names=None,
                scenarios_dir: Path = SCENARIOS, progress=None) -> dict[str, dict]:
-    """Run each fault on its home scenario in every mode; returns fault name -> summary."""
-    from parity.session import RunRequest, run_session
+    """Run each fault on its home scenario in every mode; returns fault name -> summary.
 
+    Each fault runs in its own `parity run` process: a fault that drives a CUDA
+    kernel out of bounds poisons its process, and must not poison the next.
+    """
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names or list(FAULTS):
-            request = RunRequest(model=model, scenario_path=str(home_scenario(FAULTS[name], scenarios_dir)),
-                                 modes=tuple(MODES), backend=backend, faults=(name,),
-                                 out=str(Path(tmp) / name))
-            results[name] = run_session(request, show_progress=False).summary
+            out = Path(tmp) / name
+            command = [sys.executable, "-m", "parity", "run", "--model", model, "--backend", backend,
+                       "--scenario", str(home_scenario(FAULTS[name], scenarios_dir)), "--modes", ",".join(MODES),
+                       "--inject", name, "--out", str(out), "--quiet"]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode not in (0, 1) or not (out / "summary.json").is_file():
+                raise RuntimeError(f"{name}: parity run exited {done.returncode}: {done.stderr.strip()[-400:]}")
+            results[name] = json.loads((out / "summary.json").read_text())
             if progress is not None:
                 progress(name)
     return results

@@ -25,7 +25,9 @@ class TargetModel(nn.Module):
     """A Llama-family causal LM whose forward reads paged-attention metadata.
 
     `forward` returns the final-normed hidden states [T, h] (what EAGLE-1 consumes)
-    and, for EAGLE-3, the hidden states entering `aux_layers` stacked on the last dim.
+    and, for EAGLE-3, the hidden states entering `aux_layers` concatenated on the last dim
+    in the order given ([T, len(aux_layers) * h]); id N (= num_hidden_layers) is the
+    last layer's output before the final norm.
     """
 
     def __init__(self, hf_model: LlamaForCausalLM, aux_layers: tuple[int, ...] = ()):
@@ -47,14 +49,18 @@ class TargetModel(nn.Module):
         hidden = model.embed_tokens(input_ids).unsqueeze(0)
         position_ids = positions.unsqueeze(0)
         rope = model.rotary_emb(hidden, position_ids=position_ids)
-        aux = []
-        for idx, layer in enumerate(model.layers[: self.config.num_hidden_layers]):
+        aux = {}
+        num_layers = self.config.num_hidden_layers
+        for idx, layer in enumerate(model.layers[:num_layers]):
             if idx in self.aux_layers:
-                aux.append(hidden[0])
+                aux[idx] = hidden[0]
             hidden = layer(hidden, attention_mask=None, position_ids=position_ids,
                            position_embeddings=rope, paged=meta)
+        if num_layers in self.aux_layers:
+            # Id N: the output of the last layer, before the final norm.
+            aux[num_layers] = hidden[0]
         hidden = model.norm(hidden)[0]
-        aux_hidden = torch.cat(aux, dim=-1) if aux else None
+        aux_hidden = torch.cat([aux[i] for i in self.aux_layers], dim=-1) if aux else None
         return hidden, aux_hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

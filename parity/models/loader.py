@@ -1,16 +1,23 @@
 """Loading and saving models in Hugging Face layouts: the tiny pair and real checkpoints alike.
 
 Targets are `LlamaForCausalLM` checkpoints (config.json plus model.safetensors,
-a sharded safetensors index, or pytorch_model.bin); EAGLE-1 heads use the
-published layout (config.json plus fc + one decoder layer). Models are built on
-the meta device and the checked tensors assigned in, so an 8B target costs no
-random initialisation. Every problem is a `ParityInputError` of one line that
-names the file.
+a sharded safetensors index, or pytorch_model.bin). Draft heads come in the
+published layouts, told apart by their keys (`load_head`):
+- EAGLE-1 (yuhuili/EAGLE-LLaMA3-Instruct-8B): `fc.weight` [h, 2h] (+ `fc.bias`),
+  `layers.0.*` without an input layernorm; embeddings and lm_head are the target's.
+- EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): `midlayer.*` (q/k/v over 2h),
+  `fc.weight` [h, 3h], `norm.weight`, `lm_head.weight` [draft_vocab, h], `d2t`,
+  `t2d`; config.json with `draft_vocab_size` (and optionally
+  `eagle_aux_hidden_state_layer_ids`, `target_hidden_size`).
+Models are built on the meta device and the checked tensors assigned in, so an
+8B target costs no random initialisation. Every problem is a `ParityInputError`
+of one line that names the file.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,6 +27,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from parity.errors import ParityInputError
 from parity.models.eagle1 import Eagle1Head
+from parity.models.eagle3 import INTERNAL_NAMES, Eagle3Head, aux_layer_ids, draft_vocab_size
 from parity.models.llama import TargetModel, paged_config
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
@@ -126,10 +134,7 @@ def load_target(path, dtype: torch.dtype = torch.float32, aux_layers: tuple[int,
     """A `TargetModel` (paged attention, eval mode) from a LlamaForCausalLM checkpoint directory."""
     path = _directory(path)
     config = read_config(path, model_types=("llama",))
-    bad_aux = [i for i in aux_layers if not 0 <= i < config.num_hidden_layers]
-    if bad_aux:
-        raise ParityInputError(f"{path / 'config.json'}: aux layers {bad_aux} out of range for "
-                               f"{config.num_hidden_layers} layers")
+    _check_aux_layers(aux_layers, config.num_hidden_layers, path / "config.json")
     state, file = read_weights(path)
     state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
     tied = bool(config.tie_word_embeddings)
@@ -149,25 +154,184 @@ def load_target(path, dtype: torch.dtype = torch.float32, aux_layers: tuple[int,
     return TargetModel(model.eval(), aux_layers)
 
 
-def load_eagle1(path, target: TargetModel, dtype: torch.dtype = torch.float32) -> Eagle1Head:
-    """An EAGLE-1 head (paged attention, eval mode) sharing `target`'s embeddings and lm_head."""
+def _check_aux_layers(aux_layers, num_layers: int, file: Path) -> None:
+    # Id i: the hidden state entering layer i; id N: the last layer's output (pre-norm).
+    bad = [i for i in aux_layers if not 0 <= i <= num_layers]
+    if bad:
+        raise ParityInputError(f"{file}: aux layers {bad} out of range for a target of {num_layers} layers "
+                               f"(ids 0..{num_layers})")
+
+
+@dataclass
+class HeadCheckpoint:
+    """A draft head's config and tensors, read once, with the layout they are in."""
+
+    kind: str                          # "eagle1" or "eagle3"
+    path: Path
+    file: Path                         # the weights file (or shard index) the tensors came from
+    config: LlamaConfig
+    state: dict[str, torch.Tensor]
+
+
+EAGLE3_MARKERS = ("midlayer.", "d2t", "t2d")
+
+
+def _head_kind(raw_config: dict, state: dict[str, torch.Tensor], file: Path) -> str:
+    archs = " ".join(str(a) for a in raw_config.get("architectures") or [])
+    if any(k.startswith(EAGLE3_MARKERS) for k in state) or "layers.0.hidden_norm.weight" in state \
+            or "Eagle3" in archs or "draft_vocab_size" in raw_config:
+        return "eagle3"
+    if "fc.weight" in state or any(k.startswith("layers.0.") for k in state):
+        return "eagle1"
+    raise ParityInputError(f"{file}: not an EAGLE head checkpoint: expected the EAGLE-1 layout (fc.weight, "
+                           f"layers.0.*) or the EAGLE-3 layout (midlayer.*, fc.weight, norm.weight, "
+                           f"lm_head.weight, d2t, t2d)")
+
+
+def read_head(path) -> HeadCheckpoint:
+    """Read a draft head's config.json and weights and tell its layout from them."""
     path = _directory(path)
     config = read_config(path)
+    raw = json.loads((path / "config.json").read_text())
+    state, file = read_weights(path)
+    state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    kind = _head_kind(raw, state, file)
+    if kind == "eagle3" and "layers.0.hidden_norm.weight" in state:
+        # Some converters write the EAGLE-3 layer as layers.0.*, as vLLM reads it.
+        state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
+                 for k, v in state.items()}
+    return HeadCheckpoint(kind, path, file, config, state)
+
+
+def head_aux_layers(ckpt: HeadCheckpoint, target_config: LlamaConfig) -> tuple[int, ...]:
+    """The target layers whose hidden states the head reads (empty for EAGLE-1)."""
+    if ckpt.kind != "eagle3":
+        return ()
+    ids = aux_layer_ids(ckpt.config, target_config.num_hidden_layers)
+    _check_aux_layers(ids, target_config.num_hidden_layers, ckpt.path / "config.json")
+    return ids
+
+
+def build_head(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype = torch.float32):
+    """The head of `ckpt` on `target`; sets `target.aux_layers` to what the head reads."""
+    if ckpt.kind == "eagle3":
+        head = _build_eagle3(ckpt, target, dtype)
+    else:
+        head = _build_eagle1(ckpt, target, dtype)
+    target.aux_layers = head_aux_layers(ckpt, target.config)
+    return head
+
+
+def load_head(path, target: TargetModel, dtype: torch.dtype = torch.float32):
+    """An EAGLE-1 or EAGLE-3 head (by the checkpoint's layout) on `target`, in eval mode.
+
+    Sets `target.aux_layers` to the layers the head reads (EAGLE-3) or to none (EAGLE-1).
+    """
+    return build_head(read_head(path), target, dtype)
+
+
+def _expect_kind(ckpt: HeadCheckpoint, kind: str) -> None:
+    if ckpt.kind != kind:
+        names = {"eagle1": "EAGLE-1", "eagle3": "EAGLE-3"}
+        raise ParityInputError(f"{ckpt.file}: an {names[ckpt.kind]} checkpoint where an {names[kind]} "
+                               f"head was expected")
+
+
+def load_eagle1(path, target: TargetModel, dtype: torch.dtype = torch.float32) -> Eagle1Head:
+    """An EAGLE-1 head (paged attention, eval mode) sharing `target`'s embeddings and lm_head."""
+    ckpt = read_head(path)
+    _expect_kind(ckpt, "eagle1")
+    return _build_eagle1(ckpt, target, dtype)
+
+
+def load_eagle3(path, target: TargetModel, dtype: torch.dtype = torch.float32) -> Eagle3Head:
+    """An EAGLE-3 head (paged attention, eval mode); sets `target.aux_layers` to the head's ids."""
+    ckpt = read_head(path)
+    _expect_kind(ckpt, "eagle3")
+    return build_head(ckpt, target, dtype)
+
+
+def _build_eagle1(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype) -> Eagle1Head:
+    path, config, file = ckpt.path, ckpt.config, ckpt.file
     if config.hidden_size != target.config.hidden_size:
         raise ParityInputError(f"{path / 'config.json'}: head hidden_size {config.hidden_size} does not match "
                                f"the target's {target.config.hidden_size}")
-    state, file = read_weights(path)
+    state = dict(ckpt.state)
     # The head shares the target's embeddings; published heads may carry a copy, and some a
     # first-layer input layernorm that EAGLE-1 does not apply.
     for key in ("embed_tokens.weight", "layers.0.input_layernorm.weight"):
         state.pop(key, None)
-    state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
     with torch.device("meta"):
         head = Eagle1Head(paged_config(config), fc_bias="fc.bias" in state)
     _check_keys(state, _expected(head), file)
     _assign(head, state, dtype)
     head.rotary_emb = LlamaRotaryEmbedding(config)
     return head.share(target.embed_tokens, target.lm_head).eval()
+
+
+def _check_draft_vocab(state: dict[str, torch.Tensor], draft_vocab: int, vocab: int, file: Path) -> None:
+    """d2t/t2d present (unless the draft vocabulary is the target's), consistent, in range."""
+    if "d2t" not in state:
+        if draft_vocab != vocab:
+            raise ParityInputError(f"{file}: missing d2t (needed: draft_vocab_size {draft_vocab} < vocab_size {vocab})")
+        state["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)
+    d2t = state["d2t"]
+    if d2t.dim() != 1 or d2t.shape[0] != draft_vocab:
+        raise ParityInputError(f"{file}: d2t has shape {tuple(d2t.shape)}, expected ({draft_vocab},) "
+                               f"(one offset per draft token: draft_vocab_size, the rows of lm_head.weight)")
+    if d2t.is_floating_point() or d2t.dtype == torch.bool:
+        raise ParityInputError(f"{file}: d2t must hold integers, got {d2t.dtype}")
+    targets = torch.arange(draft_vocab) + d2t.long()
+    if targets.min() < 0 or targets.max() >= vocab or targets.unique().numel() != draft_vocab:
+        raise ParityInputError(f"{file}: d2t maps draft ids outside 0..{vocab - 1} or two draft ids to one "
+                               f"target id")
+    state["d2t"] = d2t.long()
+    t2d = state.get("t2d")
+    if t2d is None:
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[targets] = True
+    if t2d.dim() != 1 or t2d.shape[0] != vocab:
+        raise ParityInputError(f"{file}: t2d has shape {tuple(t2d.shape)}, expected ({vocab},) (one flag per "
+                               f"target token: vocab_size)")
+    t2d = t2d.bool()
+    if int(t2d.sum()) != draft_vocab or not bool(t2d[targets].all()):
+        raise ParityInputError(f"{file}: t2d does not mark exactly the target ids that d2t maps to")
+    state["t2d"] = t2d
+
+
+def _build_eagle3(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype) -> Eagle3Head:
+    path, config, file = ckpt.path, ckpt.config, ckpt.file
+    config_file = path / "config.json"
+    tc = target.config
+    target_hidden = getattr(config, "target_hidden_size", None) or config.hidden_size
+    if target_hidden != tc.hidden_size:
+        raise ParityInputError(f"{config_file}: head target_hidden_size/hidden_size {target_hidden} does not "
+                               f"match the target's hidden_size {tc.hidden_size}")
+    if config.vocab_size != tc.vocab_size:
+        raise ParityInputError(f"{config_file}: head vocab_size {config.vocab_size} does not match the "
+                               f"target's {tc.vocab_size}")
+    draft_vocab = draft_vocab_size(config)
+    if not 0 < draft_vocab <= config.vocab_size:
+        raise ParityInputError(f"{config_file}: draft_vocab_size {draft_vocab} must be in 1..{config.vocab_size}")
+    head_aux_layers(ckpt, tc)
+    state = dict(ckpt.state)
+    own_embed = state.pop("embed_tokens.weight", None)
+    if own_embed is None and config.hidden_size != tc.hidden_size:
+        raise ParityInputError(f"{file}: missing embed_tokens.weight (the head's hidden_size "
+                               f"{config.hidden_size} differs from the target's, so it cannot share them)")
+    _check_draft_vocab(state, draft_vocab, config.vocab_size, file)
+    with torch.device("meta"):
+        head = Eagle3Head(paged_config(config), target_hidden_size=target_hidden)
+    _check_keys(state, {k: v.shape for k, v in head.head_state_dict().items()}, file)
+    _assign(head, {INTERNAL_NAMES.get(k, k): v for k, v in state.items()}, dtype)
+    head.rotary_emb = LlamaRotaryEmbedding(config)
+    if own_embed is None:
+        return head.share(target.embed_tokens).eval()
+    if own_embed.shape != (config.vocab_size, config.hidden_size):
+        raise ParityInputError(f"{file}: shape mismatch for embed_tokens.weight: expected "
+                               f"{(config.vocab_size, config.hidden_size)}, got {tuple(own_embed.shape)}")
+    embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=own_embed.to(dtype))
+    return head.share(embed.requires_grad_(False)).eval()
 
 
 def load_tokenizer(path) -> PreTrainedTokenizerFast:
@@ -265,4 +429,16 @@ def save_eagle1(head: Eagle1Head, out_dir) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = head.fc.weight.dtype
     (out_dir / "config.json").write_text(json.dumps(_config_dict(head.config, dtype), indent=2, sort_keys=True) + "\n")
+    _save_tensors(head.head_state_dict(), out_dir)
+
+
+def save_eagle3(head: Eagle3Head, out_dir) -> None:
+    """Write the head's config.json and model.safetensors (published EAGLE-3 layout) into `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = head.fc.weight.dtype
+    raw = _config_dict(head.config, dtype)
+    raw["architectures"] = ["LlamaForCausalLMEagle3"]
+    raw["draft_vocab_size"] = head.lm_head.proj.weight.shape[0]
+    (out_dir / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     _save_tensors(head.head_state_dict(), out_dir)

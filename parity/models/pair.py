@@ -1,4 +1,10 @@
-"""Load a target + draft head pair by zoo name."""
+"""Load a target + draft head pair by zoo name.
+
+The head's layout (EAGLE-1 or EAGLE-3) is read from its checkpoint first, so
+the target is built with the auxiliary layers an EAGLE-3 head reads. Before
+any weight is read, `memory.check_memory` compares an estimate with the free
+GPU memory (or available RAM) and refuses with one line instead of an OOM.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from pathlib import Path
 import torch
 
 from parity.models import loader
+from parity.models.memory import DEFAULT_KV_TOKENS, check_memory
 from parity.models.zoo import ModelEntry, get_entry, resolve_paths
 
 
@@ -39,11 +46,17 @@ class ModelPair:
 
 
 def load_pair(name: str, *, target_path: str | None = None, draft_path: str | None = None,
-              dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> ModelPair:
+              dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+              kv_cache_tokens: int = DEFAULT_KV_TOKENS) -> ModelPair:
+    """Target + head (weights cast to `dtype`, moved to `device`) and the target's tokenizer."""
     entry = get_entry(name)
     target_dir, draft_dir = resolve_paths(name, target_path, draft_path)
-    target = loader.load_target(target_dir, dtype=dtype)
-    head = loader.load_eagle1(draft_dir, target, dtype=dtype)
+    check_memory(name, target_dir, draft_dir, dtype, device, kv_cache_tokens)
+    checkpoint = loader.read_head(draft_dir)
+    aux_layers = loader.head_aux_layers(checkpoint, loader.read_config(target_dir, model_types=("llama",)))
+    target = loader.load_target(target_dir, dtype=dtype, aux_layers=aux_layers)
+    head = loader.build_head(checkpoint, target, dtype=dtype)
+    del checkpoint
     tokenizer = loader.load_tokenizer(target_dir)
     target.to(device)
     head.to(device)

@@ -30,6 +30,9 @@ class ModelEntry:
 ZOO: dict[str, ModelEntry] = {e.name: e for e in [
     ModelEntry("tiny-llama3-eagle", "eagle1", "tiny-llama3-eagle/target", "tiny-llama3-eagle/eagle", True,
                "embedded tiny Llama-3 (2 layers, hidden 128) + EAGLE-1 head, trained by `parity models build`"),
+    ModelEntry("tiny-llama3-eagle3", "eagle3", "tiny-llama3-eagle3/target", "tiny-llama3-eagle3/eagle3", True,
+               "the same tiny target + EAGLE-3 head (aux layers 0, 1, 2; draft vocabulary 256), "
+               "`parity models build --pair tiny-llama3-eagle3`"),
     ModelEntry("llama3-eagle", "eagle1", "meta-llama/Meta-Llama-3-8B-Instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B",
                False, "Llama-3-8B-Instruct + EAGLE-1 head"),
     ModelEntry("llama3.1-eagle3", "eagle3", "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
@@ -72,30 +75,38 @@ def _env_name(entry: ModelEntry, role: str) -> str:
 
 
 def resolve_paths(name: str, target_path: str | None = None, draft_path: str | None = None) -> tuple[Path, Path]:
-    """Directories of the target and the draft head for `name`, or exit-2 errors saying what to do."""
+    """Directories of the target and the draft head for `name`, or exit-2 errors saying what to do.
+
+    Each comes from, in order: the command-line path, the environment variable,
+    the local Hugging Face cache (never the network). A path given explicitly
+    (flag or variable) that holds no config.json is an error of its own.
+    """
     entry = get_entry(name)
     if entry.embedded:
         return ASSETS / entry.target_repo, ASSETS / entry.draft_repo
-    found = []
+    found, missing = [], []
     for role, repo, given, flag in (("target", entry.target_repo, target_path, "--target-path"),
                                     ("draft", entry.draft_repo, draft_path, "--draft-path")):
         env = _env_name(entry, role)
-        tried: list[str] = []
-        for candidate in (given, os.environ.get(env)):
+        for source, candidate in ((flag, given), (env, os.environ.get(env))):
             if candidate:
-                tried.append(candidate)
-                if (Path(candidate) / "config.json").is_file():
-                    found.append(Path(candidate))
-                    break
+                if not (Path(candidate) / "config.json").is_file():
+                    raise ParityInputError(f"{name}: {source} {candidate} holds no config.json (expected a "
+                                           f"Hugging Face snapshot of {repo})")
+                found.append(Path(candidate))
+                break
         else:
-            cached, cache_tried = _from_cache(repo)
-            tried += cache_tried
+            cached, tried = _from_cache(repo)
             if cached is None:
-                raise ParityInputError(
-                    f"{name}: weights of {repo} not found (tried {', '.join(tried)}); download them on a "
-                    f"machine with hub access (`huggingface-cli download {repo}`) or pass {flag} DIR "
-                    f"or set {env}")
+                missing.append((repo, flag, env, tried))
             found.append(cached)
+    if missing:
+        what = "; ".join(f"{repo} (tried {', '.join(tried)})" for repo, _, _, tried in missing)
+        how = " and ".join(f"`hf download {repo}`" for repo, _, _, _ in missing)
+        flags = ", ".join(f"{flag} DIR or {env}" for _, flag, env, _ in missing)
+        raise ParityInputError(f"{name}: weights not found locally for {what}; nothing is downloaded at run time: "
+                               f"run {how} on a machine with hub access (the Hugging Face cache is then found "
+                               f"offline), or point {flags} at a downloaded snapshot")
     return found[0], found[1]
 
 

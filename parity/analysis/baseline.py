@@ -1,0 +1,134 @@
+"""Committed acceptance baselines: counts per mode and position, tied to one model and one scenario.
+
+A baseline is JSON (schema below), written atomically by `parity gate
+--update-baseline` and read by `parity gate --baseline FILE`. It is refused,
+with one line, when it was made for another model (name or weights checksum)
+or another scenario (name, or the sha256 of the scenario file or of its
+prompt set): its counts would not mean the same thing.
+
+    {"schema_version": 1, "kind": "eagle-parity-baseline", "package_version": "0.1.0",
+     "model": {"name": ..., "checksum": ...},
+     "scenario": {"name": ..., "path": ..., "sha256": ..., "prompts_sha256": ...},
+     "backend": "emulated", "k": 3, "temperature": 0.0, "seed": 0,
+     "modes": {"eager": {"num_drafts": 113, "accepted_per_position": [72, 45, 27],
+                         "mean_acceptance_length": 2.274336}, ...}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import parity
+from parity.analysis.metrics import Acceptance
+from parity.analysis.sources import AcceptanceRecord, from_acceptance
+from parity.errors import ParityInputError
+
+SCHEMA_VERSION = 1
+KIND = "eagle-parity-baseline"
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def scenario_identity(scenario) -> dict:
+    """Name, path and content hashes of a loaded scenario (what a baseline is tied to)."""
+    return {"name": scenario.name, "path": scenario.path, "sha256": file_sha256(scenario.path),
+            "prompts_sha256": file_sha256(scenario.prompts_file)}
+
+
+def build_baseline(*, model: str, model_checksum: str, scenario, backend: str,
+                   acceptance: dict[str, Acceptance]) -> dict:
+    """Baseline data from one gate run's per-mode acceptance counts."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "package_version": parity.__version__,
+        "model": {"name": model, "checksum": model_checksum},
+        "scenario": scenario_identity(scenario),
+        "backend": backend,
+        "k": scenario.num_speculative_tokens,
+        "temperature": scenario.temperature,
+        "seed": scenario.seed,
+        "modes": {mode: {"num_drafts": acc.num_drafts,
+                         "accepted_per_position": list(acc.accepted_per_position),
+                         "mean_acceptance_length": round(acc.mean_acceptance_length, 6)}
+                  for mode, acc in acceptance.items()},
+    }
+
+
+def write_baseline(path: str | Path, data: dict) -> Path:
+    """Write atomically: a temp file in the same folder, then rename over `path`."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ParityInputError(f"{path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_baseline(path: str | Path) -> dict:
+    """Read and validate a baseline file; every problem is one ParityInputError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParityInputError(f"{path}: baseline not found (write one with --update-baseline)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParityInputError(f"{path}: unreadable ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ParityInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise ParityInputError(f"{path}: not an eagle-parity baseline (no \"kind\": \"{KIND}\")")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ParityInputError(f"{path}: baseline schema {data.get('schema_version')!r}, this version reads "
+                               f"{SCHEMA_VERSION} (regenerate with --update-baseline)")
+    modes = data.get("modes")
+    if not isinstance(modes, dict) or not modes:
+        raise ParityInputError(f"{path}: baseline has no modes")
+    for mode, m in modes.items():
+        counts = m.get("accepted_per_position") if isinstance(m, dict) else None
+        drafts = m.get("num_drafts") if isinstance(m, dict) else None
+        if not isinstance(drafts, int) or not isinstance(counts, list) or \
+                not all(isinstance(c, int) and 0 <= c <= drafts for c in counts) or len(counts) != data.get("k"):
+            raise ParityInputError(f"{path}: mode {mode!r} needs num_drafts and {data.get('k')} "
+                                   f"accepted_per_position counts within 0..num_drafts")
+    return data
+
+
+def check_scenario(data: dict, path: str | Path, scenario) -> None:
+    """Refuse a baseline made for another scenario (name, file or prompt set)."""
+    want, have = scenario_identity(scenario), data.get("scenario") or {}
+    for key, what in (("name", "scenario"), ("sha256", "scenario file"), ("prompts_sha256", "prompt set")):
+        if have.get(key) != want[key]:
+            raise ParityInputError(
+                f"{path}: baseline is for {what} {str(have.get(key))[:16]!r}, this run uses "
+                f"{want[key][:16]!r} ({scenario.path}); refusing it (regenerate with --update-baseline)")
+
+
+def check_model(data: dict, path: str | Path, model: str, checksum: str) -> None:
+    """Refuse a baseline made with another model (name or weights checksum)."""
+    have = data.get("model") or {}
+    if have.get("name") != model or have.get("checksum") != checksum:
+        raise ParityInputError(
+            f"{path}: baseline is for model {have.get('name')!r} (checksum {have.get('checksum')}), this run "
+            f"uses {model!r} (checksum {checksum}); refusing it (regenerate with --update-baseline)")
+
+
+def baseline_records(data: dict, source: str = "") -> dict[str, AcceptanceRecord]:
+    """Each mode of a baseline as an acceptance record labelled by its mode."""
+    return {mode: from_acceptance(mode, "baseline", Acceptance(m["num_drafts"], tuple(m["accepted_per_position"])),
+                                  source=source)
+            for mode, m in data["modes"].items()}

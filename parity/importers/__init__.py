@@ -1,0 +1,1 @@
+"""Importers: acceptance measured by other engines, as records the gate compares."""

@@ -1,0 +1,187 @@
+"""The EAGLE-3 draft head in its published layout (yuhuili/EAGLE3-*, vLLM's llama_eagle3).
+
+Data flow, per drafted token:
+
+    target aux features [T, 3h]  (hidden states entering target layers `aux_layer_ids`)
+      -> fuse_target_hidden: fc 3h -> h        (eager, outside the drafter's graphs)
+    hidden [T, h] (fused features, or the head's own output in later draft steps)
+    embeds = embed_tokens(input_ids)           (the target's embeddings, shared)
+      -> midlayer: q/k/v over concat(input_layernorm(embeds), hidden_norm(hidden)) [.., 2h],
+                   residual = hidden, then post_attention_layernorm + SwiGLU MLP
+    forward() returns the pre-norm output [T, h]: the next draft step's hidden input
+      -> logits(): norm, lm_head [draft_vocab, h], scattered into the target vocabulary
+                   through d2t (target id = draft id + d2t[draft id]; other ids -inf)
+
+NOTE: the fusion runs eagerly in the engine (`SpecDecodeEngine._draft` copies
+`fuse_target_hidden(features)` into the drafter's `hidden_states` buffer before
+the draft prefill), so every drafter graph starts from an [T, h] buffer, as the
+EAGLE-1 graphs do, and the draft decode steps (whose hidden input is the head's
+own output) need no fc at all. vLLM splits it the same way (`combine_hidden_states`).
+
+Checkpoint keys: `midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`,
+`midlayer.self_attn.{q,k,v,o}_proj.weight`, `midlayer.mlp.{gate,up,down}_proj.weight`,
+`fc.weight`, `norm.weight`, `lm_head.weight`, `d2t` (int64 [draft_vocab]),
+`t2d` (bool [target vocab]), optionally `embed_tokens.weight`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+NUM_AUX_LAYERS = 3
+AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def aux_layer_ids(config: LlamaConfig, num_target_layers: int) -> tuple[int, ...]:
+    """The target layers whose entering hidden states the head fuses.
+
+    From the head config's `eagle_aux_hidden_state_layer_ids` (top level or inside
+    `eagle_config`) when present, else vLLM's default for Llama: (2, N//2, N-3).
+    Id i means "entering layer i"; id N means the last layer's output (pre-norm).
+    """
+    ids = getattr(config, AUX_IDS_KEY, None)
+    eagle_config = getattr(config, "eagle_config", None)
+    if ids is None and isinstance(eagle_config, dict):
+        ids = eagle_config.get(AUX_IDS_KEY)
+    if ids is None:
+        n = num_target_layers
+        ids = (2, n // 2, n - 3)
+    return tuple(int(i) for i in ids)
+
+
+def draft_vocab_size(config: LlamaConfig) -> int:
+    return int(getattr(config, "draft_vocab_size", None) or config.vocab_size)
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """transformers' Llama attention/MLP/RMSNorm arranged as EAGLE-3's first layer.
+
+    The attention is a stock `LlamaAttention` (so it goes through the attention
+    interface named by `config._attn_implementation`: the paged attention in the
+    engine) whose q/k/v projections take the 2h-wide concat.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.input_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            proj = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(2 * h, proj.out_features, bias=proj.bias is not None))
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+        # Some EAGLE-3 checkpoints (speculators) take the residual after hidden_norm.
+        self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                position_embeddings, **attn_kwargs) -> torch.Tensor:
+        """[B, T, h] embeds and hidden -> [B, T, h] pre-norm output."""
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat((self.input_layernorm(embeds), normed), dim=-1)
+        attn, _ = self.self_attn(hidden_states=x, attention_mask=None, position_ids=position_ids,
+                                 position_embeddings=position_embeddings, **attn_kwargs)
+        hidden = residual + attn
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DraftVocabLMHead(nn.Module):
+    """lm_head over the draft vocabulary whose logits come out in the target vocabulary.
+
+    `proj` is the published `lm_head.weight` [draft_vocab, h]; `d2t` maps draft id i
+    to target id i + d2t[i]; `t2d` marks the target ids that have a draft id.
+    """
+
+    def __init__(self, hidden_size: int, draft_vocab: int, target_vocab: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(target_vocab, dtype=torch.bool)
+                             if draft_vocab == target_vocab else torch.zeros(target_vocab, dtype=torch.bool))
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.t2d.shape[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A [target_vocab, h] stride-0 view of the first draft row (no memory).
+
+        NOTE: the engine sizes its vocabulary-wide buffers (draft probabilities) from
+        `head.lm_head.weight.shape[0]`, which must be the target vocabulary because
+        `logits()` returns target-vocabulary logits; the real weight is `proj.weight`.
+        """
+        return self.proj.weight[:1].expand(self.target_vocab_size, -1)
+
+    def target_ids(self) -> torch.Tensor:
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    def forward(self, normed: torch.Tensor) -> torch.Tensor:
+        """[N, h] -> [N, V_target] float logits; target ids outside the draft vocabulary get -inf."""
+        draft = self.proj(normed).float()
+        out = draft.new_full((draft.shape[0], self.target_vocab_size), float("-inf"))
+        return out.index_copy_(1, self.target_ids(), draft)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: LlamaConfig, target_hidden_size: int | None = None):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        target_h = target_hidden_size or getattr(config, "target_hidden_size", None) or h
+        self.fc = nn.Linear(NUM_AUX_LAYERS * target_h, h, bias=False)
+        self.midlayer = Eagle3DecoderLayer(config)
+        self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.lm_head = DraftVocabLMHead(h, draft_vocab_size(config), config.vocab_size)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        # The target's, unless the checkpoint carries its own (see `loader.load_eagle3`).
+        self.embed_tokens: nn.Embedding | None = None
+
+    def share(self, embed_tokens: nn.Embedding) -> "Eagle3Head":
+        self.embed_tokens = embed_tokens
+        return self
+
+    def layer_forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                      **attn_kwargs) -> torch.Tensor:
+        """Batched core: [B, T, h] embeds and hidden, [B, T] positions -> [B, T, h] pre-norm output."""
+        hidden = hidden.to(embeds.dtype)
+        rope = self.rotary_emb(hidden, position_ids=position_ids)
+        return self.midlayer(embeds, hidden, position_ids, rope, **attn_kwargs)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
+                meta=None) -> torch.Tensor:
+        """Draft hidden states [T, h] (pre-norm: the next step's hidden input).
+
+        `hidden_states` are fused target features (draft prefill) or the head's own
+        outputs (draft steps). With `meta` the layer attends through the paged cache.
+        """
+        embeds = self.embed_tokens(input_ids).unsqueeze(0)
+        extra = {"paged": meta} if meta is not None else {}
+        out = self.layer_forward(embeds, hidden_states.unsqueeze(0), positions.unsqueeze(0), **extra)
+        return out[0]
+
+    def fuse_target_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """fc over the target's auxiliary hidden states: [T, 3h] -> [T, h] (run eagerly by the engine)."""
+        return self.fc(features.to(self.fc.weight.dtype))
+
+    def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(draft_hidden))
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """Weights in the published EAGLE-3 layout (the shared embeddings left out)."""
+        out = {}
+        for key, value in self.state_dict().items():
+            if key.startswith(("embed_tokens.", "rotary_emb.")):
+                continue
+            out[PUBLISHED_NAMES.get(key, key)] = value
+        return out
+
+
+# internal state_dict key -> published checkpoint key (others are the same)
+PUBLISHED_NAMES = {"lm_head.proj.weight": "lm_head.weight", "lm_head.d2t": "d2t", "lm_head.t2d": "t2d"}
+INTERNAL_NAMES = {v: k for k, v in PUBLISHED_NAMES.items()}

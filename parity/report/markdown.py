@@ -1,0 +1,141 @@
+"""report.md: a run summary as GitHub-flavoured Markdown (fits a CI step summary).
+
+Reads summary data only; computes nothing but formatting. Never prints the
+creation time, so a saved run always renders the same text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from parity.report.diagnosis import EXPLAIN
+
+TITLE = {"pass": "PASS", "drift": "DRIFT"}
+
+
+def cell(text) -> str:
+    """Escape a value for a Markdown table cell (pipes, newlines)."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _longest_backtick_run(text: str) -> int:
+    longest = current = 0
+    for ch in text:
+        current = current + 1 if ch == "`" else 0
+        longest = max(longest, current)
+    return longest
+
+
+def code_span(text) -> str:
+    """Inline code that survives backticks inside `text`."""
+    text = str(text)
+    fence = "`" * (_longest_backtick_run(text) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def fenced(text: str) -> str:
+    """A fenced code block longer than any backtick run inside `text`."""
+    fence = "`" * max(3, _longest_backtick_run(text) + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def header_line(summary: dict) -> str:
+    """`## parity: PASS · model · scenario · backend`."""
+    verdict = TITLE.get(summary.get("verdict"), str(summary.get("verdict")).upper())
+    return (f"## parity: {verdict} · model {code_span(summary['model'])} · scenario "
+            f"{code_span(summary['scenario'])} · backend {code_span(summary['backend'])}")
+
+
+def acceptance_table(summary: dict) -> list[str]:
+    """Per-position acceptance: eager, then every mode with its delta; then length, parity, logprobs."""
+    modes = summary["modes"]
+    ref = modes.get("eager")
+    names = list(modes)
+    lines = ["| position | " + " | ".join(cell(n) for n in names) + " |",
+             "|---:|" + "---:|" * len(names)]
+
+    def with_delta(name: str, value: float, ref_value: float | None, drift: bool, digits: int = 3) -> str:
+        text = f"{value:.{digits}f}"
+        if ref_value is not None and name != "eager":
+            text += f" ({value - ref_value:+.{digits}f})"
+        return f"**{text}** ✗" if drift else text
+
+    for i in range(summary["k"]):
+        row = [with_delta(n, m["acceptance_per_position"][i], ref["acceptance_per_position"][i] if ref else None,
+                          m["position_drift"][i]) for n, m in modes.items()]
+        lines.append(f"| {i} | " + " | ".join(row) + " |")
+    row = [with_delta(n, m["mean_acceptance_length"], ref["mean_acceptance_length"] if ref else None,
+                      False) for n, m in modes.items()]
+    lines.append("| mean acceptance length | " + " | ".join(row) + " |")
+    lines.append("| drafts | " + " | ".join(str(m["num_drafts"]) for m in modes.values()) + " |")
+    lines.append("| tokens = eager | " + " | ".join("yes" if m["tokens_equal_to_eager"] else "**NO**"
+                                                     for m in modes.values()) + " |")
+    lines.append("| max \\|Δlogprob\\| | " + " | ".join(f"{m['max_abs_logprob_diff']:.1e}"
+                                                         for m in modes.values()) + " |")
+    lines.append("| verdict | " + " | ".join(TITLE.get(m["verdict"], m["verdict"]) if m["verdict"] == "pass"
+                                              else f"**{TITLE.get(m['verdict'], m['verdict'])}**"
+                                              for m in modes.values()) + " |")
+    return lines
+
+
+def reasons_section(summary: dict) -> list[str]:
+    """Every mode's reasons for drift, one bullet each."""
+    items = [f"- {code_span(mode)}: {r}" for mode, m in summary["modes"].items() for r in m.get("reasons", [])]
+    return ["### Reasons", "", *items] if items else []
+
+
+def divergence_section(summary: dict) -> list[str]:
+    """The first divergent token window of every mode that diverged."""
+    lines = []
+    for mode, d in (summary.get("divergences") or {}).items():
+        lines += [f"### First divergence: {code_span(mode)} vs eager", "",
+                  f"request {d['req_id']}, output token {d['output_index']} (position {d['position']}, "
+                  f"step {d['step']}); {d['num_requests_diverged']} request(s) diverged", "",
+                  fenced(f"eager: {d['reference_text']}\n{mode}: {d['mode_text']}"), ""]
+    return lines[:-1] if lines else []
+
+
+def diagnosis_section(summary: dict) -> list[str]:
+    """Kind, meaning, buffers, where and evidence of the diagnosis, when there is one."""
+    d = summary.get("diagnosis")
+    if not d:
+        return []
+    kind = d.get("kind", "UNKNOWN")
+    lines = ["### Diagnosis", "", f"- kind: **{kind}** — {EXPLAIN.get(kind, '')}"]
+    if d.get("mode"):
+        lines.append(f"- mode: {code_span(d['mode'])}")
+    if d.get("buffers"):
+        lines.append("- buffers: " + ", ".join(code_span(b) for b in d["buffers"]))
+    if d.get("phase"):
+        where = f"step {d.get('step')}, {d['phase']}"
+        if d.get("draft_step") is not None and d["phase"] != "verify":
+            where += f" (draft step {d['draft_step']})"
+        if d.get("owner"):
+            where += f", {d['owner']}"
+        lines.append(f"- where: {where}")
+    if d.get("captured_address") is not None:
+        lines.append(f"- address: captured 0x{d['captured_address']:x}, live 0x{(d.get('live_address') or 0):x}")
+    evidence = d.get("evidence") or []
+    if evidence:
+        lines.append("- evidence:")
+        lines += [f"  - {e}" for e in evidence]
+    lines.append(f"- replays: {d.get('replays', 0)}")
+    return lines
+
+
+def render_markdown(summary: dict) -> str:
+    """The whole report.md for one run summary (see the module docstring)."""
+    parts = [header_line(summary), "",
+             f"K={summary['k']} · T={summary['temperature']} · seed {summary['seed']} · "
+             f"{summary.get('num_requests', '?')} requests", "",
+             "### Per-position acceptance", "", *acceptance_table(summary)]
+    for section in (reasons_section(summary), divergence_section(summary), diagnosis_section(summary)):
+        if section:
+            parts += ["", *section]
+    return "\n".join(parts) + "\n"
+
+
+def write_markdown(folder: Path, summary: dict) -> None:
+    """Extra writer for artifacts.write_run: report.md in the run folder (itself written atomically)."""
+    (Path(folder) / "report.md").write_text(render_markdown(summary))
