@@ -133,19 +133,13 @@ def _load_baseline(request: GateRequest, scenario):
 def _engine_gate(request: GateRequest, show_progress: bool) -> GateOutcome:
     from parity.analysis.baseline import build_baseline, check_model, write_baseline
     from parity.analysis.compare import compare_runs
-    from parity.analysis.gate import Pairing, evaluate_gate
+    from parity.analysis.gate import evaluate_gate
     from parity.analysis.sources import from_acceptance
     from parity.analysis.summary import build_summary
     from parity.faults.catalog import resolve_faults
-    from parity.models.pair import load_pair
-    from parity.models.zoo import get_entry
-    from parity.runner import run_mode
-    from parity.scenario import load_scenario
-    from parity.session import _progress, resolve_backend, resolve_dtype, resolve_modes
+    from parity.session import load_request_pair, load_request_scenario, resolve_backend, resolve_modes, run_modes
 
-    scenario = load_scenario(request.scenario_path or DEFAULT_SCENARIO)
-    if request.seed is not None:
-        scenario = dataclasses.replace(scenario, seed=request.seed)
+    scenario = load_request_scenario(request.scenario_path or DEFAULT_SCENARIO, request.seed)
     if scenario.num_requests < 1 or not scenario.prompts:
         raise ParityInputError(f"{scenario.path}: no requests to run (empty prompt set or num_requests 0)")
     modes = resolve_modes(request.modes, scenario)
@@ -154,9 +148,7 @@ def _engine_gate(request: GateRequest, show_progress: bool) -> GateOutcome:
         check_output_path(baseline_path, "--baseline")
     backend, device = resolve_backend(request.backend)
     faults = resolve_faults(request.faults)
-    entry = get_entry(request.model)
-    pair = load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
-                     dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device)
+    pair = load_request_pair(request, device)
     if baseline is not None:
         check_model(baseline, baseline_path, pair.name, pair.checksum())
         missing = [m for m in modes if m not in baseline["modes"]]
@@ -164,12 +156,7 @@ def _engine_gate(request: GateRequest, show_progress: bool) -> GateOutcome:
             raise ParityInputError(f"{baseline_path}: baseline has no mode(s) {', '.join(missing)} (it has "
                                    f"{', '.join(baseline['modes'])}); regenerate it with --update-baseline")
 
-    runs = {}
-    with _progress(show_progress) as bar:
-        for mode in modes:
-            task = bar.add_task(f"{mode:<20}", total=scenario.num_requests) if bar else None
-            tick = (lambda step, done, t=task: bar.advance(t, len(done))) if bar else None
-            runs[mode] = run_mode(pair, scenario, mode, backend, device, faults, progress=tick)
+    runs = run_modes(pair, scenario, modes, backend, device, faults, show_progress)
     comparisons = compare_runs(runs, scenario)
     refuse_vacuous(runs, comparisons)
     pairings = engine_pairings(runs, comparisons, scenario, baseline, baseline_path)

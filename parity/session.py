@@ -65,26 +65,25 @@ def resolve_dtype(dtype: str, embedded: bool, device: torch.device) -> torch.dty
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-def run_session(request: RunRequest, show_progress: bool = True) -> RunOutcome:
-    from parity.analysis.compare import compare_runs
-    from parity.analysis.summary import build_summary
-    from parity.cli import default_run_id
+def load_request_scenario(scenario_path: str, seed: int | None) -> Scenario:
+    """The scenario file, with the command line's --seed applied."""
+    scenario = load_scenario(scenario_path)
+    return dataclasses.replace(scenario, seed=seed) if seed is not None else scenario
+
+
+def load_request_pair(request, device: torch.device):
+    """The model pair a request names, in the dtype it asks for, on `device`."""
     from parity.models.pair import load_pair
     from parity.models.zoo import get_entry
-    from parity.report.artifacts import write_run
-    from parity.runner import run_mode
 
-    scenario = load_scenario(request.scenario_path)
-    if request.seed is not None:
-        scenario = dataclasses.replace(scenario, seed=request.seed)
-    modes = resolve_modes(request.modes, scenario)
-    backend, device = resolve_backend(request.backend)
-    from parity.faults.catalog import resolve_faults
-    faults = resolve_faults(request.faults)
     entry = get_entry(request.model)
-    dtype = resolve_dtype(request.dtype, entry.embedded, device)
-    pair = load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
-                     dtype=dtype, device=device)
+    return load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
+                     dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device)
+
+
+def run_modes(pair, scenario: Scenario, modes, backend: str, device, faults, show_progress: bool) -> dict:
+    """One engine run per mode on the same schedule, with a progress bar per mode."""
+    from parity.runner import run_mode
 
     runs = {}
     with _progress(show_progress) as bar:
@@ -92,6 +91,22 @@ def run_session(request: RunRequest, show_progress: bool = True) -> RunOutcome:
             task = bar.add_task(f"{mode:<20}", total=scenario.num_requests) if bar else None
             tick = (lambda step, done, t=task: bar.advance(t, len(done))) if bar else None
             runs[mode] = run_mode(pair, scenario, mode, backend, device, faults, progress=tick)
+    return runs
+
+
+def run_session(request: RunRequest, show_progress: bool = True) -> RunOutcome:
+    from parity.analysis.compare import compare_runs
+    from parity.analysis.summary import build_summary
+    from parity.cli import default_run_id
+    from parity.faults.catalog import resolve_faults
+    from parity.report.artifacts import write_run
+
+    scenario = load_request_scenario(request.scenario_path, request.seed)
+    modes = resolve_modes(request.modes, scenario)
+    backend, device = resolve_backend(request.backend)
+    faults = resolve_faults(request.faults)
+    pair = load_request_pair(request, device)
+    runs = run_modes(pair, scenario, modes, backend, device, faults, show_progress)
     comparisons = compare_runs(runs, scenario)
     diagnoses = {}
     if request.bisect:
@@ -113,26 +128,19 @@ def run_session(request: RunRequest, show_progress: bool = True) -> RunOutcome:
 def bisect_session(request: RunRequest, mode: str | None) -> dict:
     """`parity bisect`: diagnose one mode (the first scenario mode that drifts when none is given)."""
     from parity.analysis.compare import compare_runs
-    from parity.models.pair import load_pair
-    from parity.models.zoo import get_entry
-    from parity.runner import run_mode
-
-    scenario = load_scenario(request.scenario_path)
-    if request.seed is not None:
-        scenario = dataclasses.replace(scenario, seed=request.seed)
-    backend, device = resolve_backend(request.backend)
     from parity.faults.catalog import resolve_faults
+
+    scenario = load_request_scenario(request.scenario_path, request.seed)
+    backend, device = resolve_backend(request.backend)
     faults = resolve_faults(request.faults)
     if mode is not None and mode not in MODE_NAMES:
         raise ParityInputError(f"unknown mode {mode!r} (known: {', '.join(MODE_NAMES)})")
     if mode == "eager":
         raise ParityInputError("--mode eager: eager is the reference; bisect a graph mode")
-    entry = get_entry(request.model)
-    pair = load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
-                     dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device)
+    pair = load_request_pair(request, device)
     if mode is None:
         modes = resolve_modes(request.modes, scenario)
-        runs = {m: run_mode(pair, scenario, m, backend, device, faults) for m in modes}
+        runs = run_modes(pair, scenario, modes, backend, device, faults, show_progress=False)
         drifting = [m for m, c in compare_runs(runs, scenario).items() if c.verdict == "drift"]
         if not drifting:
             return {"kind": "NONE", "buffers": [], "mode": None,
