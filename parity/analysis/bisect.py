@@ -235,6 +235,7 @@ class Bisector:
     # --- 2 + 3. audit and confirm ------------------------------------------------------
 
     def _analyse(self, ref, graph, ev_r, ev_g, snaps, out_r, worst, names) -> Diagnosis:
+        self._ref, self._ev_r = ref, ev_r
         dispatch = ev_g.dispatch
         rows = _diff_rows(out_r, _outputs(graph, ev_g), self.tol)
         if dispatch.runtime_mode == EAGER:
@@ -329,10 +330,14 @@ class Bisector:
 
         restored, fresh = recaptured_matches(live_meta)
         if not restored:
-            kind = "UNKNOWN"
             evidence = ["no buffer repair and no re-capture restores parity"]
             if suspects:
                 evidence.append("suspects that did not explain it: " + ", ".join(sorted({n for _, n, _ in suspects})))
+            evidence += self._probe_layers(self._ref, graph, self._ev_r, ev_g, snaps)
+            kind = "NUMERIC_NOISE" if self._tokens_agree(out_r, _outputs(graph, ev_g)) and worst <= 10 * self.tol \
+                else "UNKNOWN"
+            if kind == "NUMERIC_NOISE":
+                evidence.append(f"tokens agree and the largest delta ({worst:.3g}) stays within 10x tolerance")
             return self._diagnosis(kind, [], ev_g, rows=rows, graph=graph_info, max_abs_diff=worst, evidence=evidence)
         from parity.graphs.manifest import build_manifest
 
@@ -387,6 +392,52 @@ class Bisector:
                     evidence.append("replaying that drafter graph alone overwrites the restored target logits: "
                                     "its temporaries share memory with the target's output")
         return self._diagnosis("POOL_ALIAS", ["logits"], verify_event, max_abs_diff=drift, evidence=evidence)
+
+    # --- 4. probes ---------------------------------------------------------------------------
+
+    def _probe_layers(self, ref, graph, ev_r, ev_g, snaps) -> list[str]:
+        """Layer probes: the divergent forward re-run eagerly in both engines from their
+        pre-forward state, decoder layer by decoder layer.
+
+        A first layer that differs means the state the forward starts from already
+        differs there; no layer differing means the inputs are right and the
+        difference is made inside the captured graph's replay.
+        """
+        ours = self._layer_outputs(graph, ev_g, snaps["graph"])
+        theirs = self._layer_outputs(ref, ev_r, snaps["ref"])
+        t = ev_g.dispatch.num_tokens
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            delta = float((a[:t] - b[:t]).abs().max())
+            if delta > self.tol:
+                return [f"layer probe: decoder layer {i} is the first to differ ({delta:.3g}) when the forward "
+                        "re-runs eagerly from each run's state: the state before this forward already differs"]
+        return [f"layer probe: all {len(ours)} decoder layer(s) agree when the forward re-runs eagerly from the "
+                "graph run's state: the difference is made inside the captured graph's replay"]
+
+    def _layer_outputs(self, engine, event, snap) -> list[torch.Tensor]:
+        outputs: list[torch.Tensor] = []
+        layers = engine.target.model.hf.model.layers if event.owner == "target" else engine.proposer.head.layers
+
+        def keep(module, args, out):
+            hidden = out[0] if isinstance(out, tuple) else out
+            outputs.append(hidden.detach().float().reshape(-1, hidden.shape[-1]).clone())
+
+        hooks = [layer.register_forward_hook(keep) for layer in layers]
+        try:
+            _restore(snap)
+            self.replays.count += 1
+            with forward_context(event.meta):
+                _forward_fn(engine, event.phase)(event.dispatch.num_tokens_padded, event.dispatch.num_reqs_padded)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return outputs
+
+    @staticmethod
+    def _tokens_agree(out_r: dict, out_g: dict) -> bool:
+        if "logits" in out_r:
+            return torch.equal(out_r["logits"].argmax(-1), out_g["logits"].argmax(-1))
+        return torch.equal(out_r["draft_tokens"], out_g["draft_tokens"])
 
     # --- helpers -------------------------------------------------------------------------
 
