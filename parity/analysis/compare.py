@@ -114,6 +114,9 @@ def compare_mode(mode: str, reference, run, k: int, temperature: float, tol: Tol
                                f"first: request {f['req_id']}, position {f['position']} (draft {f['draft_index']})")
         if dp.max_abs_logprob_diff > tol.logprob_abs:
             cmp.reasons.append(f"max |draft logprob - eager| {dp.max_abs_logprob_diff:.3g} > {tol.logprob_abs:g}")
+    if cmp.drafts.max_abs_verify_logprob_diff > tol.logprob_abs:
+        cmp.reasons.append(f"max |verify-row target logprob - eager| {cmp.drafts.max_abs_verify_logprob_diff:.3g}"
+                           f" > {tol.logprob_abs:g}")
     cmp.verdict = "drift" if cmp.reasons else "pass"
     return cmp
 

@@ -21,6 +21,9 @@ class DraftParity:
     mismatches: int             # same context, another draft token
     max_abs_logprob_diff: float
     first_mismatch: dict | None
+    # The target's logprob of its own choice at every verified row with the same context:
+    # rows of rejected drafts included, which emitted tokens never show.
+    max_abs_verify_logprob_diff: float = 0.0
 
 
 def _chains(drafts: pd.DataFrame) -> dict[tuple[int, int], list[tuple[int, float]]]:
@@ -28,7 +31,8 @@ def _chains(drafts: pd.DataFrame) -> dict[tuple[int, int], list[tuple[int, float
     for (req_id, step), rows in drafts.groupby(["req_id", "step"], sort=False):
         rows = rows.sort_values("draft_index")
         key = (int(req_id), int(rows["position"].iloc[0]))
-        chains[key] = list(zip(rows["draft_token"].tolist(), rows["draft_logprob"].tolist()))
+        chains[key] = list(zip(rows["draft_token"].tolist(), rows["draft_logprob"].tolist(),
+                               rows["target_logprob"].tolist()))
     return chains
 
 
@@ -36,10 +40,12 @@ def draft_parity(reference: pd.DataFrame, run: pd.DataFrame) -> DraftParity:
     """Compare the drafts of two runs wherever they drafted from the same context."""
     ref, other = _chains(reference), _chains(run)
     compared = mismatches = 0
-    worst, first = 0.0, None
+    worst, worst_verify, first = 0.0, 0.0, None
     for key in sorted(ref.keys() & other.keys()):
-        for index, ((tok_a, lp_a), (tok_b, lp_b)) in enumerate(zip(ref[key], other[key])):
+        for index, ((tok_a, lp_a, tl_a), (tok_b, lp_b, tl_b)) in enumerate(zip(ref[key], other[key])):
             compared += 1
+            # row `index` of the verify query holds the drafts before it: same context so far
+            worst_verify = max(worst_verify, abs(tl_a - tl_b))
             if tok_a != tok_b:
                 mismatches += 1
                 if first is None:
@@ -47,4 +53,4 @@ def draft_parity(reference: pd.DataFrame, run: pd.DataFrame) -> DraftParity:
                              "eager_token": int(tok_a), "mode_token": int(tok_b)}
                 break
             worst = max(worst, abs(lp_a - lp_b))
-    return DraftParity(compared, mismatches, worst, first)
+    return DraftParity(compared, mismatches, worst, first, worst_verify)

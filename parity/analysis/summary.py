@@ -38,6 +38,7 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
             "drafts_compared": cmp.drafts.compared if cmp.drafts else 0,
             "draft_mismatches": cmp.drafts.mismatches if cmp.drafts else 0,
             "max_abs_draft_logprob_diff": cmp.drafts.max_abs_logprob_diff if cmp.drafts else 0.0,
+            "max_abs_verify_logprob_diff": cmp.drafts.max_abs_verify_logprob_diff if cmp.drafts else 0.0,
             "position_drift": cmp.position_drift,
             "verdict": cmp.verdict,
             "reasons": cmp.reasons,

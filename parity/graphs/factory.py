@@ -88,7 +88,11 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
             meta = proposer.builder.build_dummy(t, r)
             if "capture-without-metadata" in faults:
                 # FAULT: capture runs with placeholder metadata, not views of the buffers.
+                # NOTE: the placeholders are kept alive, as a dummy-metadata builder keeps
+                # its buffers: a CUDA graph does not own what it reads, and freed
+                # placeholders would turn a wrong-value bug into out-of-bounds reads.
                 meta = detached_copy(meta)
+                drafter_exec.placeholders.append(meta)
             proposer.buffers["sample_indices"].zero_()
             proposer.buffers["draft_step"].zero_()
             return meta

@@ -41,6 +41,8 @@ class GraphExecutor:
         self.registries = registries
         self.weak_outputs = weak_outputs
         self.graphs: dict[tuple, GraphEntry] = {}
+        # Tensors captured graphs read that no registry owns: kept alive as long as the graphs.
+        self.placeholders: list = []
 
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
