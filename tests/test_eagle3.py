@@ -236,8 +236,6 @@ NUM_PROMPTS, MAX_TOKENS, K = 8, 24, 3
 
 @pytest.fixture(scope="module")
 def pair():
-    if not (ASSETS / "tiny-llama3-eagle3" / "eagle3" / "config.json").is_file():
-        pytest.skip("tiny-llama3-eagle3 not built (parity models build --pair tiny-llama3-eagle3)")
     from parity.models.pair import load_pair
     return load_pair("tiny-llama3-eagle3")
 

@@ -16,10 +16,6 @@ TARGET_CONFIG = ROOT / "parity" / "assets" / "tiny-llama3-eagle" / "target" / "c
 PROMPTS = ROOT / "scenarios" / "prompts" / "default.jsonl"
 NUM_PROMPTS, MAX_TOKENS, K = 8, 32, 3
 
-if not TARGET_CONFIG.is_file():
-    pytest.skip(f"embedded pair not built yet: {TARGET_CONFIG.relative_to(ROOT)} is missing "
-                "(run `parity models build`)", allow_module_level=True)
-
 
 @pytest.fixture(scope="module")
 def pair():

@@ -19,6 +19,16 @@ EXPLAIN = {
 }
 
 
+def describe_where(d: dict) -> str:
+    """'step S, phase (draft step J), owner' of a diagnosis."""
+    where = f"step {d.get('step')}, {d['phase']}"
+    if d.get("draft_step") is not None and d["phase"] != "verify":
+        where += f" (draft step {d['draft_step']})"
+    if d.get("owner"):
+        where += f", {d['owner']}"
+    return where
+
+
 def diagnosis_panel(d: dict) -> Panel:
     kind = d.get("kind", "UNKNOWN")
     style = "green" if kind == "NONE" else ("yellow" if kind in ("NUMERIC_NOISE", "UNKNOWN") else "red")
@@ -32,12 +42,7 @@ def diagnosis_panel(d: dict) -> Panel:
     if d.get("mode"):
         grid.add_row("mode", str(d["mode"]))
     if d.get("phase"):
-        where = f"step {d.get('step')}, {d['phase']}"
-        if d.get("draft_step") is not None and d["phase"] != "verify":
-            where += f" (draft step {d['draft_step']})"
-        if d.get("owner"):
-            where += f", {d['owner']}"
-        grid.add_row("where", where)
+        grid.add_row("where", describe_where(d))
     if d.get("rows"):
         grid.add_row("rows", ", ".join(map(str, d["rows"][:12])))
     if d.get("captured_address") is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity.report.diagnosis import EXPLAIN
+from parity.report.diagnosis import EXPLAIN, describe_where
 
 TITLE = {"pass": "PASS", "drift": "DRIFT"}
 
@@ -108,12 +108,7 @@ def diagnosis_section(summary: dict) -> list[str]:
     if d.get("buffers"):
         lines.append("- buffers: " + ", ".join(code_span(b) for b in d["buffers"]))
     if d.get("phase"):
-        where = f"step {d.get('step')}, {d['phase']}"
-        if d.get("draft_step") is not None and d["phase"] != "verify":
-            where += f" (draft step {d['draft_step']})"
-        if d.get("owner"):
-            where += f", {d['owner']}"
-        lines.append(f"- where: {where}")
+        lines.append(f"- where: {describe_where(d)}")
     if d.get("captured_address") is not None:
         lines.append(f"- address: captured 0x{d['captured_address']:x}, live 0x{(d.get('live_address') or 0):x}")
     evidence = d.get("evidence") or []
