@@ -272,8 +272,9 @@ def cmd_models(args) -> int:
 
     if args.models_command == "list":
         table = Table(title="models", title_justify="left")
-        for col in ("name", "head", "status", "target", "draft"):
-            table.add_column(col)
+        table.add_column("name", no_wrap=True)   # names are what users type: never cut them
+        for col in ("head", "status", "target", "draft"):
+            table.add_column(col, overflow="fold")
         for name, entry in ZOO.items():
             status = availability(name)
             table.add_row(name, entry.head, status, entry.target_repo, entry.draft_repo)
