@@ -128,3 +128,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def by_token(result):
+    """Emitted tokens in a canonical order, so two runs' frames compare row by row."""
+    return result.tokens.sort_values(["req_id", "output_index"]).reset_index(drop=True)
+
+
+def by_draft(result):
+    """Draft records in a canonical order."""
+    return result.drafts.sort_values(["step", "req_id", "draft_index"]).reset_index(drop=True)

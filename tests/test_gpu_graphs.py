@@ -13,7 +13,7 @@ import copy
 
 import pytest
 
-from conftest import accepted_per_position, engine_config, make_specs
+from conftest import accepted_per_position, engine_config, make_specs, by_draft, by_token
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs.factory import install_graphs, install_padded_reference
 
@@ -40,14 +40,6 @@ def run(pair, specs, mode=None, reference=False, **cfg):
         summary = install_graphs(engine, mode, "cuda")
         assert sum(summary["graphs"].values()) > 0
     return engine.run(specs)
-
-
-def by_token(result):
-    return result.tokens.sort_values(["req_id", "output_index"]).reset_index(drop=True)
-
-
-def by_draft(result):
-    return result.drafts.sort_values(["step", "req_id", "draft_index"]).reset_index(drop=True)
 
 
 @pytest.fixture(scope="module")

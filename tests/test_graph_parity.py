@@ -13,7 +13,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from conftest import VOCAB, accepted_per_position, engine_config, make_specs
+from conftest import VOCAB, accepted_per_position, engine_config, make_specs, by_draft, by_token
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
 from parity.graphs.factory import install_graphs, install_padded_reference
 
@@ -34,14 +34,6 @@ def reference_run(pair, mode, specs, capture_sizes=None, **cfg):
     engine = SpecDecodeEngine(*pair, engine_config(**cfg))
     install_padded_reference(engine, mode, capture_sizes=capture_sizes)
     return engine.run(specs)
-
-
-def by_token(result):
-    return result.tokens.sort_values(["req_id", "output_index"]).reset_index(drop=True)
-
-
-def by_draft(result):
-    return result.drafts.sort_values(["step", "req_id", "draft_index"]).reset_index(drop=True)
 
 
 @pytest.fixture(scope="module")

@@ -156,14 +156,19 @@ def build_tiny_pair(out_dir: Path, progress: Callable[[str], None] | None = None
         },
         "acceptance": {"k": ACCEPTANCE_K, "max_new_tokens": ACCEPTANCE_MAX_NEW_TOKENS,
                        "num_prompts": NUM_ESTIMATE_PROMPTS, **acceptance},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-                     "safetensors": safetensors.__version__},
+        "versions": library_versions(),
     })
     (out_dir / "build_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     info["build_seconds"] = round(time.perf_counter() - started, 1)
     say(f"built {TINY_PAIR} in {info['build_seconds']} s")
     return info
+
+
+def library_versions() -> dict[str, str]:
+    """The versions a build depends on, recorded in build_info.json."""
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+            "safetensors": safetensors.__version__}
 
 
 def main(argv: list[str] | None = None) -> int:

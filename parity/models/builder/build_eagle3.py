@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import platform
 import shutil
 import sys
 import time
@@ -29,17 +28,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-import safetensors
 import tokenizers
 import torch
-import transformers
 
 from parity.models import loader
 from parity.models.assets import ASSETS_ROOT, TINY_PAIR, write_manifest
 from parity.models.builder import corpus
 from parity.models.builder.build import (ACCEPTANCE_K, ACCEPTANCE_MAX_NEW_TOKENS, NUM_ESTIMATE_PROMPTS,
                                          NUM_TRAIN_STORIES, SEED, _mean_tail, _rounded, estimate_prompts,
-                                         token_stream)
+                                         library_versions, token_stream)
 from parity.models.builder.eagle3_train import draft_vocabulary, train_eagle3_head
 from parity.models.builder.train import TrainSettings, attention_implementation, distinct_ngram_fraction
 
@@ -143,9 +140,7 @@ def build_tiny_eagle3_pair(out_dir: Path, source_dir: Path | None = None,
         },
         "acceptance": {"k": ACCEPTANCE_K, "max_new_tokens": ACCEPTANCE_MAX_NEW_TOKENS,
                        "num_prompts": NUM_ESTIMATE_PROMPTS, "engine": "eager", **acceptance},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-                     "safetensors": safetensors.__version__},
+        "versions": library_versions(),
     })
     (out_dir / "build_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     info["build_seconds"] = round(time.perf_counter() - started, 1)
