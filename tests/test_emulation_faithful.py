@@ -247,6 +247,34 @@ def test_released_output_is_overwritten_by_a_later_graph_in_the_same_pool(backen
         assert torch.equal(out_a.cpu(), (x * 2.0).cpu())
 
 
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_a_fresh_block_goes_to_the_smallest_free_block_that_fits(backend_name):
+    """Best fit, as the caching allocator does, not the first free block in address order.
+
+    A's capture leaves two holes, 16 KiB then 8 KiB, each fenced by a live
+    output. B's 8 KiB output must fill the second hole (right after A's first
+    fence), where first fit would put it at the start of the first.
+    """
+    backend = make_backend(backend_name)
+    x = torch.randn(4 * N, generator=torch.Generator().manual_seed(11)).to(backend.device)
+    pool = backend.new_pool("shared")
+
+    def a():
+        big = x * 2.0                    # 16 KiB, dies at the end of the capture
+        fence_1 = x[:128] + 1.0          # 512 B, an output
+        small = x[: 2 * N] * 3.0         # 8 KiB, dies
+        fence_2 = x[:128] + 2.0          # 512 B, an output
+        del big, small
+        return fence_1, fence_2
+
+    graph_a = graph_capture(backend, a, pool=pool, weak_outputs=False)
+    graph_b = graph_capture(backend, lambda: (x[: 2 * N] * 5.0,), pool=pool, weak_outputs=False)
+    fence_1, fence_2 = graph_a.outputs
+    placed = graph_b.outputs[0]
+    assert placed.data_ptr() == fence_1.data_ptr() + 512
+    assert placed.data_ptr() + 2 * N * 4 == fence_2.data_ptr()
+
+
 # --- (g) piecewise: attention runs eagerly on live metadata ---------------------------
 
 def _attention_setup(device):

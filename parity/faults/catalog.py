@@ -55,7 +55,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "default", GRAPH_MODES,
           "padded rows keep stale entries (num_reqs used where num_reqs_padded is needed)"),
     Fault("shared-pool-alias", "POOL_ALIAS", ("logits",), "graph capture (drafter pool)", "004",
-          "default", ("full_decode_only",),
+          "s004-dedicated-pool", ("full_decode_only",),
           "the drafter captures into the target's pool, whose outputs are held weakly"),
     Fault("capture-without-metadata", "CAPTURE_CONTEXT", ("query_start_loc", "seq_lens", "slot_mapping",
                                                           "block_table"),

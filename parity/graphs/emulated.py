@@ -81,59 +81,90 @@ def _classify(func, args, kwargs, out) -> int:
 
 
 class EmulatedPool:
-    """A graph memory pool, modelled on the caching allocator's private pools.
+    """A graph memory pool that places blocks by the CUDA caching allocator's policy.
 
-    The pool owns segments of raw memory. A capture's fresh tensors are placed
-    in them first fit in address order (sizes rounded to 512 bytes, free ranges
-    split and coalesced), and a block returns to the pool as soon as the last
-    tensor using it dies (weakref finalizers), during the capture or after it;
-    outputs that their owner holds weakly return at once. So, as with CUDA,
-    captures into one pool overlay the same addresses: harmless while graphs
-    replay one after another and each reads only what it wrote, a bug as soon
-    as one graph's output must outlive another graph's replay.
+    The policy (c10/cuda/CUDACachingAllocator.cpp) is followed where it decides
+    which address a fresh tensor gets:
+    - sizes round up to 512 bytes;
+    - requests up to 1 MiB come from "small" 2 MiB segments, larger ones from
+      "large" segments (20 MiB under 10 MiB, else rounded up to 2 MiB), and the
+      two kinds never lend to each other;
+    - the free block chosen is the best fit: the smallest that is large enough,
+      the lowest address among equals;
+    - the allocated part is the block's start; the rest stays free when at least
+      512 bytes remain (small) or more than 1 MiB remains (large);
+    - a block returns to the pool as soon as the last tensor using it dies
+      (weakref finalizers), during the capture or after it, and merges with free
+      neighbours; outputs that their owner holds weakly return at once.
+    So, as with CUDA, captures into one pool overlay the same addresses:
+    harmless while graphs replay one after another and each reads only what it
+    wrote, a bug as soon as one graph's output must outlive another graph's
+    replay. Where a kernel allocates differently on the CPU than on the GPU, the
+    addresses part ways; the policy is the same.
     """
 
     ROUND = 512
-    SEGMENT = 2 << 20
+    SMALL = 1 << 20
+    SMALL_SEGMENT = 2 << 20
+    LARGE_SEGMENT = 20 << 20
+    MIN_LARGE_ALLOC = 10 << 20
 
     def __init__(self, name: str):
         self.name = name
         self._segments: list[torch.Tensor] = []
+        self._small: list[bool] = []                 # per segment: serves small requests
         self._bases: dict[int, int] = {}             # segment storage address -> segment index
-        self._free: list[list[list[int]]] = []       # per segment: sorted [offset, size] free ranges
+        self._free: list[list[list[int]]] = []       # per segment: sorted [offset, size] free blocks
         self._live: dict[tuple[int, int], list[int]] = {}   # (segment, offset) -> [size, users]
 
     def allocate_like(self, out: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like `out` in pool memory (the caller copies the values in)."""
-        nbytes = -(-out.numel() * out.element_size() // self.ROUND) * self.ROUND
-        place = self._find(nbytes, out.device)
+        nbytes = max(self.ROUND, -(-out.numel() * out.element_size() // self.ROUND) * self.ROUND)
+        small = nbytes <= self.SMALL
+        place = self._best_fit(nbytes, small, out.device)
         if place is None:
-            size = max(self.SEGMENT, nbytes)
-            segment = torch.empty(size, dtype=torch.uint8, device=out.device)
-            self._bases[segment.untyped_storage().data_ptr()] = len(self._segments)
-            self._segments.append(segment)
-            self._free.append([[0, size]])
-            place = self._find(nbytes, out.device)
-        seg, offset = place
-        self._live[(seg, offset)] = [nbytes, 0]
+            self._new_segment(nbytes, small, out.device)
+            place = self._best_fit(nbytes, small, out.device)
+        seg, block = place
+        size = nbytes if self._splits(block[1] - nbytes, small) else block[1]
+        offset = block[0]
+        block[0] += size
+        block[1] -= size
+        if block[1] == 0:
+            self._free[seg].remove(block)
+        self._live[(seg, offset)] = [size, 0]
         placed = torch.empty(0, dtype=out.dtype, device=out.device)
         placed.set_(self._segments[seg].untyped_storage(), offset // out.element_size(), out.size(), out.stride())
         self.track(placed)
         return placed
 
-    def _find(self, nbytes: int, device):
-        for seg, ranges in enumerate(self._free):
-            if self._segments[seg].device != device:
+    def _splits(self, remaining: int, small: bool) -> bool:
+        return remaining >= self.ROUND if small else remaining > self.SMALL
+
+    def _new_segment(self, nbytes: int, small: bool, device) -> None:
+        if small:
+            size = self.SMALL_SEGMENT
+        elif nbytes < self.MIN_LARGE_ALLOC:
+            size = self.LARGE_SEGMENT
+        else:
+            size = -(-nbytes // self.SMALL_SEGMENT) * self.SMALL_SEGMENT
+        segment = torch.empty(size, dtype=torch.uint8, device=device)
+        self._bases[segment.untyped_storage().data_ptr()] = len(self._segments)
+        self._segments.append(segment)
+        self._small.append(small)
+        self._free.append([[0, size]])
+
+    def _best_fit(self, nbytes: int, small: bool, device):
+        best, best_key = None, None
+        for seg, blocks in enumerate(self._free):
+            if self._small[seg] != small or self._segments[seg].device != device:
                 continue
-            for r in ranges:
-                if r[1] >= nbytes:
-                    offset = r[0]
-                    r[0] += nbytes
-                    r[1] -= nbytes
-                    if r[1] == 0:
-                        ranges.remove(r)
-                    return seg, offset
-        return None
+            base = self._segments[seg].untyped_storage().data_ptr()
+            for block in blocks:
+                key = (block[1], base + block[0])
+                if block[1] >= nbytes and (best_key is None or key < best_key):
+                    best, best_key = (seg, block), key
+        return best
 
     def _key_of(self, t: torch.Tensor):
         seg = self._bases.get(t.untyped_storage().data_ptr())
@@ -161,13 +192,13 @@ class EmulatedPool:
     def _free_block(self, key) -> None:
         size = self._live.pop(key)[0]
         seg, offset = key
-        ranges = sorted(self._free[seg] + [[offset, size]])
-        merged = [ranges[0]]
-        for r in ranges[1:]:
-            if merged[-1][0] + merged[-1][1] == r[0]:
-                merged[-1][1] += r[1]
+        blocks = sorted(self._free[seg] + [[offset, size]])
+        merged = [blocks[0]]
+        for b in blocks[1:]:
+            if merged[-1][0] + merged[-1][1] == b[0]:
+                merged[-1][1] += b[1]
             else:
-                merged.append(r)
+                merged.append(b)
         self._free[seg] = merged
 
     def release(self, tensors) -> None:
