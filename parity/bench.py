@@ -170,9 +170,9 @@ def main(argv=None) -> int:
               f"{report['parity']['seconds']} s, {report['parity']['verdict']}")
     if "bisect" not in skip:
         report["bisect"] = time_bisection("auto")
-        print("\nbisection in FULL on each fault's home scenario:")
+        print("\nbisection on each fault's home scenario (in FULL where it shows there):")
         for row in report["bisect"]:
-            print(f"  {row['fault']:<26} {row['kind']:<18} bisection {row['bisect_seconds']} s "
+            print(f"  {row['fault']:<26} {row['mode']:<17} {row['kind']:<18} bisection {row['bisect_seconds']} s "
                   f"(process {row['seconds']:.1f} s)  {row['replays']:>2} replays (budget {row['budget']})")
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
