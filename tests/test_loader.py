@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
 from parity.errors import ParityInputError
-from parity.models import loader
+from parity.models import loader, saver
 from parity.models.eagle1 import Eagle1Head
 from parity.models.llama import build_target
 from parity.models.paged_attention import ATTN_IMPLEMENTATION
@@ -36,8 +36,8 @@ def saved_pair(tmp_path):
     config = small_config()
     target = build_target(config)
     head = head_for(config, target)
-    loader.save_target(target, None, tmp_path / "target")
-    loader.save_eagle1(head, tmp_path / "eagle")
+    saver.save_target(target, None, tmp_path / "target")
+    saver.save_eagle1(head, tmp_path / "eagle")
     return target, head, tmp_path / "target", tmp_path / "eagle"
 
 
@@ -64,8 +64,8 @@ def test_round_trip(tmp_path, overrides):
     config = small_config(**overrides)
     target = build_target(config)
     head = head_for(config, target, fc_bias=bool(overrides))
-    loader.save_target(target, None, tmp_path / "t")
-    loader.save_eagle1(head, tmp_path / "e")
+    saver.save_target(target, None, tmp_path / "t")
+    saver.save_eagle1(head, tmp_path / "e")
 
     loaded = loader.load_target(tmp_path / "t")
     assert loaded.config._attn_implementation == ATTN_IMPLEMENTATION
@@ -125,7 +125,7 @@ def test_tokenizer_round_trip(tmp_path):
     ids = tok(text)["input_ids"]
     assert ids[0] == tok.bos_token_id and tok.unk_token_id not in ids
     assert tok.decode(ids, skip_special_tokens=True) == text
-    loader.save_target(build_target(small_config()), tok, tmp_path / "copy")
+    saver.save_target(build_target(small_config()), tok, tmp_path / "copy")
     assert loader.load_tokenizer(tmp_path / "copy")(text)["input_ids"] == ids
 
 
@@ -222,7 +222,7 @@ def test_head_hidden_size_mismatch(tmp_path):
     target = build_target(small_config())
     other = small_config(hidden_size=48)
     head = head_for(other, build_target(other))
-    loader.save_eagle1(head, tmp_path / "eagle")
+    saver.save_eagle1(head, tmp_path / "eagle")
     with pytest.raises(ParityInputError) as excinfo:
         loader.load_eagle1(tmp_path / "eagle", target)
     assert_one_line_naming(excinfo, "config.json")

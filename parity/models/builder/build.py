@@ -23,8 +23,8 @@ import tokenizers
 import torch
 import transformers
 
-from parity.models import loader
-from parity.models.assets import ASSETS_ROOT, TINY_PAIR, verify_manifest, write_manifest  # noqa: F401
+from parity.models import loader, saver
+from parity.models.assets import ASSETS_ROOT, TINY_PAIR, write_manifest
 from parity.models.builder import corpus
 from parity.models.builder.tokenizer import BOS, EOS, build_tokenizer, save_tokenizer
 from parity.models.builder.train import (TrainSettings, acceptance_report, perplexity, target_config,
@@ -113,12 +113,12 @@ def build_tiny_pair(out_dir: Path, progress: Callable[[str], None] | None = None
                                        HEAD_FEATURE_NOISE, say)
 
         target_dir, eagle_dir = out_dir / "target", out_dir / "eagle"
-        loader.save_target(TargetModel(model), None, target_dir)
+        saver.save_target(TargetModel(model), None, target_dir)
         save_tokenizer(tok, target_dir)
         (target_dir / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "do_sample": False},
             indent=2, sort_keys=True) + "\n")
-        loader.save_eagle1(head, eagle_dir)
+        saver.save_eagle1(head, eagle_dir)
 
         # The estimate runs on the pair as written, reloaded through the loader.
         say("estimating greedy acceptance on held-out prompts")

@@ -31,7 +31,7 @@ from typing import Callable
 import tokenizers
 import torch
 
-from parity.models import loader
+from parity.models import loader, saver
 from parity.models.assets import ASSETS_ROOT, TINY_PAIR, write_manifest
 from parity.models.builder import corpus
 from parity.models.builder.build import (ACCEPTANCE_K, ACCEPTANCE_MAX_NEW_TOKENS, NUM_ESTIMATE_PROMPTS,
@@ -108,7 +108,7 @@ def build_tiny_eagle3_pair(out_dir: Path, source_dir: Path | None = None,
         target_dir.mkdir(parents=True, exist_ok=True)
         for name in TARGET_FILES:
             shutil.copyfile(source_dir / name, target_dir / name)
-        loader.save_eagle3(head, head_dir)
+        saver.save_eagle3(head, head_dir)
 
         say("estimating greedy acceptance with the eager engine on held-out prompts")
         shipped_target = loader.load_target(target_dir)
