@@ -164,18 +164,13 @@ def cmd_bisect(args) -> int:
 def cmd_faults(args) -> int:
     """Print the fault catalog."""
     from rich.console import Console
-    from rich.table import Table
 
     from parity.faults.catalog import FAULTS
+    from parity.report.catalog import fault_catalog
 
     if args.faults_command == "matrix":
         return cmd_faults_matrix(args)
-    table = Table(title="fault catalog (--inject NAME)", title_justify="left")
-    for col in ("name", "kind", "strikes in", "seed", "scenario", "shows in"):
-        table.add_column(col)
-    for f in FAULTS.values():
-        table.add_row(f.name, f.kind, f.site, f.seed, f.scenario, ", ".join(f.manifests_in))
-    Console().print(table)
+    Console().print(fault_catalog(FAULTS.values()))
     return EXIT_PASS
 
 
