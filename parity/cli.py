@@ -135,12 +135,11 @@ def cmd_run(args) -> int:
     from parity.session import RunRequest, run_session
     from parity.report.console import render
 
-    from parity.report.diagnosis import diagnosis_panel
+    from parity.report.diagnosis import diagnoses_view
 
     request = RunRequest.from_args(args)
     outcome = run_session(request, show_progress=not args.quiet)
-    diagnosis = outcome.summary.get("diagnosis")
-    render(outcome.summary, diagnosis_panel=diagnosis_panel(diagnosis) if diagnosis else None)
+    render(outcome.summary, diagnosis_panel=diagnoses_view(outcome.summary))
     print(f"artifacts: {outcome.out_dir}")
     return EXIT_DRIFT if outcome.summary["verdict"] == "drift" else EXIT_PASS
 
@@ -213,16 +212,14 @@ def cmd_report(args) -> int:
         raise ParityInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(summary, dict) or "modes" not in summary:
         raise ParityInputError(f"{path}: not a parity summary (no 'modes')")
-    from parity.report.diagnosis import diagnosis_panel
+    from parity.report.diagnosis import diagnoses_view
 
-    diagnosis = summary.get("diagnosis")
     if args.markdown:
         from parity.report.markdown import render_markdown
 
         sys.stdout.write(render_markdown(summary))
     else:
-        render(summary, console=_console(),
-               diagnosis_panel=diagnosis_panel(diagnosis) if diagnosis else None)
+        render(summary, console=_console(), diagnosis_panel=diagnoses_view(summary))
     return EXIT_DRIFT if summary.get("verdict") == "drift" else EXIT_PASS
 
 

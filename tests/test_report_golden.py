@@ -21,7 +21,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from parity.report.console import render
-from parity.report.diagnosis import diagnosis_panel
+from parity.report.diagnosis import diagnoses_view
 from parity.report.markdown import render_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +37,7 @@ def load(run: str) -> dict:
 
 def console_text(summary: dict) -> str:
     console = Console(width=80, no_color=True, record=True, file=io.StringIO())
-    d = summary.get("diagnosis")
-    render(summary, console=console, diagnosis_panel=diagnosis_panel(d) if d else None)
+    render(summary, console=console, diagnosis_panel=diagnoses_view(summary))
     return console.export_text()
 
 
@@ -127,3 +126,14 @@ def test_acceptance_png_is_written_atomically(tmp_path):
     path = write_acceptance_png(tmp_path / "acceptance.png", load(RUNS[-1]))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["acceptance.png"]
+
+
+def test_every_other_diagnosed_mode_gets_a_line_under_the_panel():
+    summary = load("drift-reassign-seq-lens")
+    first = summary["diagnosis"]
+    other = {**first, "mode": "full_and_piecewise", "kind": "STALE_BUFFER", "buffers": ["slot_mapping"], "step": 7}
+    summary["diagnoses"] = {first["mode"]: first, "full_and_piecewise": other}
+    text = console_text(summary)
+    assert text.count("╭─ diagnosis") == 1
+    assert "also diagnosed" in text
+    assert "full_and_piecewise: STALE_BUFFER(slot_mapping) at step 7" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -55,3 +56,19 @@ def diagnosis_panel(d: dict) -> Panel:
         grid.add_row("evidence" if i == 0 else "", line)
     grid.add_row("replays", str(d.get("replays", 0)))
     return Panel(grid, title="diagnosis", title_align="left", border_style=style)
+
+
+def diagnoses_view(summary: dict):
+    """The first drifting mode's panel, then one line for every other mode bisected; None when none was."""
+    first = summary.get("diagnosis")
+    if not first:
+        return None
+    others = [(mode, d) for mode, d in (summary.get("diagnoses") or {}).items() if mode != first.get("mode")]
+    if not others:
+        return diagnosis_panel(first)
+    lines = Text("also diagnosed (whole panels in diagnosis.json, by_mode):")
+    for mode, d in others:
+        named = f"{d.get('kind')}({', '.join(d['buffers'])})" if d.get("buffers") else str(d.get("kind"))
+        where = f" at {describe_where(d)}" if d.get("phase") else ""
+        lines.append(f"\n  {mode}: {named}{where}")
+    return Group(diagnosis_panel(first), lines)
