@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.gpu
 
+
 @pytest.fixture(scope="module")
 def matrix():
     return run_matrix("tiny-llama3-eagle", "cuda", scenarios_dir=ROOT / "scenarios")

@@ -7,7 +7,9 @@ user's bug. `manifests_in` lists the modes where the fault shows on its home
 scenario with the embedded pair (the mutation test checks exactly that, and
 `parity faults list` prints it); the detector never reads it. Some faults can
 show in more modes on other workloads: padding leaks need stale entries that
-matter, pool aliasing needs a drafter temporary to land on a live output.
+matter. Pool aliasing needs a drafter temporary to land on a live output,
+which is where the allocator puts it: the same on both backends, since the
+emulated pools follow the caching allocator's placement.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "default", GRAPH_MODES,
           "padded rows keep stale entries (num_reqs used where num_reqs_padded is needed)"),
     Fault("shared-pool-alias", "POOL_ALIAS", ("logits",), "graph capture (drafter pool)", "004",
-          "s004-dedicated-pool", ("full_decode_only",),
+          "s004-dedicated-pool", GRAPH_MODES,
           "the drafter captures into the target's pool, whose outputs are held weakly"),
     Fault("capture-without-metadata", "CAPTURE_CONTEXT", ("query_start_loc", "seq_lens", "slot_mapping",
                                                           "block_table"),

@@ -48,6 +48,7 @@ class CapturedGraph:
         return self.outputs
 
 
+@torch.no_grad()
 def capture(backend, pool, fn, piecewise: bool, weak_outputs: bool = True) -> CapturedGraph:
     """Capture `fn()` (which returns a tuple of tensors) on `backend` into `pool`."""
     segments: list = []

@@ -96,6 +96,11 @@ class EmulatedPool:
     - a block returns to the pool as soon as the last tensor using it dies
       (weakref finalizers), during the capture or after it, and merges with free
       neighbours; outputs that their owner holds weakly return at once.
+    Every fresh output of a captured op is placed, strided ones and each of a
+    multi-output op too, because CUDA allocates them all in the pool; captures
+    run without autograd, so temporaries die when Python lets go of them. On
+    the tiny pair the allocation trace of a capture (sizes, order, offsets in
+    their segments) then matches the caching allocator's block for block.
     So, as with CUDA, captures into one pool overlay the same addresses:
     harmless while graphs replay one after another and each reads only what it
     wrote, a bug as soon as one graph's output must outlive another graph's
@@ -118,8 +123,8 @@ class EmulatedPool:
         self._live: dict[tuple[int, int], list[int]] = {}   # (segment, offset) -> [size, users]
 
     def allocate_like(self, out: torch.Tensor) -> torch.Tensor:
-        """A tensor shaped like `out` in pool memory (the caller copies the values in)."""
-        nbytes = max(self.ROUND, -(-out.numel() * out.element_size() // self.ROUND) * self.ROUND)
+        """A tensor laid out like `out` (size, stride, offset) in pool memory; the caller copies the values in."""
+        nbytes = max(self.ROUND, -(-out.untyped_storage().nbytes() // self.ROUND) * self.ROUND)
         small = nbytes <= self.SMALL
         place = self._best_fit(nbytes, small, out.device)
         if place is None:
@@ -134,7 +139,8 @@ class EmulatedPool:
             self._free[seg].remove(block)
         self._live[(seg, offset)] = [size, 0]
         placed = torch.empty(0, dtype=out.dtype, device=out.device)
-        placed.set_(self._segments[seg].untyped_storage(), offset // out.element_size(), out.size(), out.stride())
+        placed.set_(self._segments[seg].untyped_storage(), offset // out.element_size() + out.storage_offset(),
+                    out.size(), out.stride())
         self.track(placed)
         return placed
 
@@ -239,11 +245,11 @@ class _Recorder(TorchDispatchMode):
                     if isinstance(t, torch.Tensor):
                         self.pool.track(t)
             return out
-        if kind == FUNCTIONAL and self.pool is not None and isinstance(out, torch.Tensor) \
-                and out.numel() and out.is_contiguous():
-            placed = self.pool.allocate_like(out)
-            placed.copy_(out)
-            out = placed
+        if kind == FUNCTIONAL and self.pool is not None:
+            # Every fresh output goes to the pool, as on CUDA: strided ones
+            # (elementwise ops keep a transposed input's layout) and each
+            # tensor of a multi-output op alike.
+            out = tree_map(self._place, out)
         frozen_args, frozen_kwargs = tree_map(_freeze, args), tree_map(_freeze, kwargs)
         if kind == MUTATING:
             self.ops.append((func, frozen_args, frozen_kwargs, None))
@@ -253,6 +259,13 @@ class _Recorder(TorchDispatchMode):
         if func not in _NO_VALUE_FACTORIES:
             self.ops.append((func, frozen_args, frozen_kwargs, frozen_outs))
         return out
+
+    def _place(self, t):
+        if not isinstance(t, torch.Tensor) or not t.numel():
+            return t
+        placed = self.pool.allocate_like(t)
+        placed.copy_(t)
+        return placed
 
 
 class EmulatedSegment:

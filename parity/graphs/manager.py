@@ -64,7 +64,9 @@ class GraphExecutor:
             try:
                 meta = dummy_metadata(phase, num_tokens, num_reqs)
                 body = lambda t=num_tokens, r=num_reqs: fn(t, r)  # noqa: E731
-                with forward_context(meta):
+                # Inference, as in a serving engine: no autograd graph keeps
+                # temporaries alive, so the pool sees the frees a real capture sees.
+                with forward_context(meta), torch.no_grad():
                     self.backend.warmup(body)
                     graph = capture(self.backend, self.pool, body, piecewise=runtime == "piecewise",
                                     weak_outputs=self.weak_outputs)

@@ -58,6 +58,6 @@ def load_pair(name: str, *, target_path: str | None = None, draft_path: str | No
     head = loader.build_head(checkpoint, target, dtype=dtype)
     del checkpoint
     tokenizer = loader.load_tokenizer(target_dir)
-    target.to(device)
-    head.to(device)
+    target.to(device).requires_grad_(False)
+    head.to(device).requires_grad_(False)
     return ModelPair(entry, target.eval(), head.eval(), tokenizer, target_dir, draft_dir)
