@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from parity.analysis.bisect.state import (INERT, forward_fn, padding_region, registry_of, restore, used_region)
+from parity.analysis.bisect.state import (INERT, executor_of, forward_fn, padding_region, registry_of, restore,
+                                          used_region)
 from parity.analysis.delta_debug import ddmin
 
 # The kind a diagnosis names when repairs of several kinds are needed together.
@@ -72,7 +73,7 @@ def find_suspects(ref, graph, ev_r, ev_g, snaps, entry) -> list[Suspect]:
 
 def confirm(bisector, graph, ev_g, snaps, out_r, suspects: list[Suspect]) -> list[Suspect]:
     """The smallest set of repairs after which the replay matches eager; [] when none does."""
-    executor = graph.target_executor if ev_g.owner == "target" else graph.drafter_executor
+    executor = executor_of(graph, ev_g.owner)
     fn = forward_fn(graph, ev_g.phase)
 
     def replay_with(subset) -> bool:

@@ -14,6 +14,7 @@ import json
 import platform
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -67,6 +68,19 @@ def write_default_prompts(path: Path = DEFAULT_PROMPTS_PATH, seed: int = SEED) -
     return prompts
 
 
+@contextmanager
+def deterministic_torch(threads: int):
+    """Deterministic kernels on a fixed thread count for a build; the caller's settings come back after."""
+    saved = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1])
+
+
 def _mean_tail(values: list[float], n: int = 20) -> float:
     tail = values[-n:]
     return round(sum(tail) / len(tail), 6)
@@ -90,11 +104,7 @@ def build_tiny_pair(out_dir: Path, progress: Callable[[str], None] | None = None
     say = progress or (lambda _line: None)
     out_dir = Path(out_dir)
     started = time.perf_counter()
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(2)
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_torch(threads=2):
         say("generating corpus and tokenizer")
         tok = build_tokenizer()
         train_stories = corpus.generate_corpus(SEED, NUM_TRAIN_STORIES)
@@ -128,9 +138,6 @@ def build_tiny_pair(out_dir: Path, progress: Callable[[str], None] | None = None
                                        ACCEPTANCE_MAX_NEW_TOKENS)
         say("acceptance per position " + " / ".join(f"{r:.3f}" for r in acceptance["acceptance_per_position"])
             + f", distinct 4-grams {acceptance['distinct_4gram_fraction']:.3f}")
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
 
     info = _rounded({
         "name": TINY_PAIR,

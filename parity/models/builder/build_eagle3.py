@@ -29,14 +29,13 @@ from pathlib import Path
 from typing import Callable
 
 import tokenizers
-import torch
 
 from parity.models import loader, saver
 from parity.models.assets import ASSETS_ROOT, TINY_PAIR, write_manifest
 from parity.models.builder import corpus
 from parity.models.builder.build import (ACCEPTANCE_K, ACCEPTANCE_MAX_NEW_TOKENS, NUM_ESTIMATE_PROMPTS,
-                                         NUM_TRAIN_STORIES, SEED, _mean_tail, _rounded, estimate_prompts,
-                                         library_versions, token_stream)
+                                         NUM_TRAIN_STORIES, SEED, _mean_tail, _rounded, deterministic_torch,
+                                         estimate_prompts, library_versions, token_stream)
 from parity.models.builder.eagle3_train import draft_vocabulary, train_eagle3_head
 from parity.models.builder.train import TrainSettings, attention_implementation, distinct_ngram_fraction
 
@@ -87,11 +86,7 @@ def build_tiny_eagle3_pair(out_dir: Path, source_dir: Path | None = None,
     out_dir = Path(out_dir)
     source_dir = Path(source_dir) if source_dir else ASSETS_ROOT / TINY_PAIR / "target"
     started = time.perf_counter()
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_torch(threads=1):
         say(f"reading the target in {source_dir} and re-generating its training stream")
         target = loader.load_target(source_dir)
         model = target.hf
@@ -116,9 +111,6 @@ def build_tiny_eagle3_pair(out_dir: Path, source_dir: Path | None = None,
         acceptance = engine_acceptance(shipped_target, shipped_head, estimate_prompts(tok))
         say("acceptance per position " + " / ".join(f"{r:.3f}" for r in acceptance["acceptance_per_position"])
             + f", mean acceptance length {acceptance['mean_acceptance_length']:.3f}")
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
 
     tail = lambda i: _mean_tail([r[i] for r in rows])  # noqa: E731
     info = _rounded({
