@@ -14,7 +14,7 @@ BACKEND  ?= auto
 OUT      ?=
 TORCH_CPU_VERSION ?= 2.13.0
 
-.PHONY: parity test test-gpu bench gate models lint clean help
+.PHONY: parity test test-gpu bench gate models clean help
 
 help:
 	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=$(SCENARIO)] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
@@ -43,7 +43,7 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests
 
 bench: $(STAMP)
-	$(PY) -m parity.bench
+	$(PY) -m parity bench
 
 models: $(STAMP)
 	$(PY) -m parity models build

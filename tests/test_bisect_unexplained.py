@@ -6,22 +6,25 @@ import json
 
 
 from parity.graphs.capture import CapturedGraph
-from parity.session import RunRequest, run_session
+from parity.harness.request import RunRequest
+from parity.harness.session import run_session
+from parity.report.artifacts import write_run
+from parity.report.writers import RUN_REPORT_WRITERS
 
 
 def test_unexplained_drift_is_unknown_with_localisation(tmp_path, monkeypatch):
     replay = CapturedGraph.replay
 
-    def corrupted(self):
-        outputs = replay(self)
+    def corrupted(self, meta):
+        outputs = replay(self, meta)
         if self.runtime_mode == "full" and outputs and outputs[0].dim() == 2 and outputs[0].shape[-1] > 100:
             outputs[0][:, 7] += 50.0   # a kernel bug inside the target graph: no buffer, no capture value
         return outputs
 
     monkeypatch.setattr(CapturedGraph, "replay", corrupted)
     out = tmp_path / "run"
-    outcome = run_session(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", ("eager", "full"), "emulated",
-                                     out=str(out)), show_progress=False)
+    outcome = run_session(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", ("eager", "full"), "emulated"))
+    write_run(out, outcome.summary, outcome.runs, extra_writers=RUN_REPORT_WRITERS)
     assert outcome.summary["modes"]["full"]["verdict"] == "drift"
     diagnosis = outcome.summary["diagnosis"]
     assert diagnosis["kind"] == "UNKNOWN" and diagnosis["buffers"] == []
@@ -34,15 +37,14 @@ def test_unexplained_drift_is_unknown_with_localisation(tmp_path, monkeypatch):
 def test_small_deltas_with_equal_tokens_are_numeric_noise(tmp_path, monkeypatch):
     replay = CapturedGraph.replay
 
-    def jittered(self):
-        outputs = replay(self)
+    def jittered(self, meta):
+        outputs = replay(self, meta)
         if self.runtime_mode == "full" and outputs and outputs[0].dim() == 2 and outputs[0].shape[-1] > 100:
             outputs[0].mul_(1.0005)   # like other kernels for padded shapes: tiny deltas, same argmax
         return outputs
 
     monkeypatch.setattr(CapturedGraph, "replay", jittered)
-    outcome = run_session(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", ("eager", "full"), "emulated",
-                                     out=str(tmp_path / "run")), show_progress=False)
+    outcome = run_session(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", ("eager", "full"), "emulated"))
     full = outcome.summary["modes"]["full"]
     assert full["verdict"] == "drift" and full["tokens_equal_to_eager"]
     assert outcome.summary["diagnosis"]["kind"] == "NUMERIC_NOISE"

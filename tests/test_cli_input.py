@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from parity.cli import main
-from parity.scenario import load_scenario
+from parity.harness.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = yaml.safe_load((ROOT / "scenarios/default.yaml").read_text())

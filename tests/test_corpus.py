@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from parity.models.builder import corpus
-from parity.models.builder.tokenizer import MAX_VOCAB, UNK, build_tokenizer
+from parity.training import corpus
+from parity.training.tokenizer import MAX_VOCAB, UNK, build_tokenizer
 
 
 def test_same_seed_same_corpus():

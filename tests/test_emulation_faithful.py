@@ -1,7 +1,7 @@
 """The graph backends reproduce CUDA-graph semantics, bugs included.
 
 Tiny hand-written functions (not the engine) read a registered persistent
-buffer through the forward context or directly; each test captures one on a
+buffer through a metadata object or directly; each test captures one on a
 backend and checks that replay behaves as a CUDA graph does: it keeps reading
 the captured address after a rebind, keeps stale values when a refresh is
 skipped, keeps Python values baked at capture, follows in-place copies
@@ -22,12 +22,11 @@ from parity.engine.kv_cache import PagedKVCache
 from parity.engine.metadata import MetadataBuilder, RowPlan
 from parity.errors import CaptureSyncError
 from parity.graphs.capture import capture
-from parity.graphs.context import current_metadata, forward_context
 from parity.graphs.manifest import audit, build_manifest
 from parity.models.paged_attention import paged_attention
 
 BACKENDS = ["emulated", pytest.param("cuda", marks=pytest.mark.gpu)]
-READERS = ["context", "direct"]
+READERS = ["metadata", "direct"]
 N = 1024   # 4 KiB of fp32: one CUDA allocator block, so pool reuse is predictable
 
 
@@ -39,27 +38,27 @@ def make_backend(name: str):
     return EmulatedBackend(torch.device("cpu"))
 
 
+def _bound(fn, meta):
+    return fn if meta is None else (lambda: fn(meta))
+
+
 def graph_capture(backend, fn, meta=None, pool=None, piecewise=False, weak_outputs=True):
-    """Warm up and capture `fn` under `meta`, as the graph executor does."""
+    """Warm up and capture `fn(meta)` (or `fn()`), as the graph executor does."""
     pool = pool if pool is not None else backend.new_pool("test")
-    with forward_context(meta):
-        backend.warmup(fn)
-        return capture(backend, pool, fn, piecewise=piecewise, weak_outputs=weak_outputs)
+    backend.warmup(_bound(fn, meta))
+    return capture(backend, pool, _bound(fn, meta), piecewise=piecewise, weak_outputs=weak_outputs)
 
 
 def replay(graph, meta=None) -> torch.Tensor:
-    with forward_context(meta):
-        out = graph.replay()[0]
-    return out.detach().cpu().clone()
+    return graph.replay(meta)[0].detach().cpu().clone()
 
 
 def eager(fn, meta=None) -> torch.Tensor:
-    with forward_context(meta):
-        return fn()[0].detach().cpu().clone()
+    return _bound(fn, meta)()[0].detach().cpu().clone()
 
 
 class Owner:
-    """One registered buffer `x`, read through the forward context or straight from the registry."""
+    """One registered buffer `x`, read through the metadata object or straight from the registry."""
 
     def __init__(self, backend, reader: str):
         self.device = backend.device
@@ -73,8 +72,8 @@ class Owner:
     def meta(self):
         return SimpleNamespace(x=self.registry["x"])
 
-    def fn(self):
-        x = current_metadata().x if self.reader == "context" else self.registry["x"]
+    def fn(self, meta):
+        x = meta.x if self.reader == "metadata" else self.registry["x"]
         return (torch.tanh(x * 3.0 + 1.0).cumsum(0),)
 
     def expected(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +110,7 @@ def test_rebound_buffer_replay_reads_the_captured_tensor(backend_name, reader):
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_skipped_refresh_replays_stale_values(backend_name):
     backend = make_backend(backend_name)
-    owner = Owner(backend, "context")
+    owner = Owner(backend, "metadata")
     graph = graph_capture(backend, owner.fn, owner.meta())
     manifest = build_manifest(graph.read_storages, [owner.registry])
 
@@ -291,8 +290,7 @@ def _attention_setup(device):
         t.copy_(torch.randn(t.shape, generator=gen).to(device))
     module = SimpleNamespace(layer_idx=0)
 
-    def fn():
-        meta = current_metadata()
+    def fn(meta):
         out, _ = paged_attention(module, q * 1.0, k * 1.0, v * 1.0, None, scaling=0.5, paged=meta)
         return (out * 2.0,)
 
@@ -314,7 +312,7 @@ def test_reassigned_metadata_shows_in_full_but_not_in_piecewise(backend_name, pi
     fresh = builder.buffers["seq_lens"].clone()
     fresh[0] = 3
     builder.buffers.rebind("seq_lens", fresh)
-    live = builder.view(tokens, 1, 1, tokens, tokens, 3)
+    live = builder.make_view(tokens, 1, 1, tokens, tokens, 3)
     now = eager(fn, live)
     assert not torch.equal(now, eager(fn, meta)), "the rebound seq_lens must change the eager output"
     if piecewise:

@@ -127,14 +127,14 @@ class DraftPrefillSpy(EagerExecutor):
         self.engine_ref = engine_ref
         self.seen = []
 
-    def execute(self, dispatch, fn):
+    def execute(self, dispatch, fn, meta):
         if dispatch.phase == "draft_prefill":
-            b = self.engine_ref[0].proposer.buffers
+            b = self.engine_ref[0].owner("drafter").buffers
             t, r = dispatch.num_tokens, dispatch.num_reqs
             self.seen.append({name: b[name][:size].tolist() for name, size in (
                 ("input_ids", t), ("positions", t), ("query_start_loc", r + 1), ("req_ids", r),
                 ("sample_indices", r))})
-        return super().execute(dispatch, fn)
+        return super().execute(dispatch, fn, meta)
 
 
 def check_draft_prefill_inputs(pair, specs, cfg) -> None:
@@ -145,7 +145,8 @@ def check_draft_prefill_inputs(pair, specs, cfg) -> None:
     """
     ref: list = []
     spy = DraftPrefillSpy(ref)
-    engine = SpecDecodeEngine(*pair, engine_config(**cfg), drafter_executor=spy)
+    engine = SpecDecodeEngine(*pair, engine_config(**cfg))
+    engine.owner("drafter").executor = spy
     ref.append(engine)
     result = engine.run(specs)
     sequences = {s.req_id: list(s.prompt) + result.outputs[s.req_id] for s in specs}

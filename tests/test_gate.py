@@ -142,7 +142,7 @@ def test_missing_or_broken_baseline_exits_2(capsys, tmp_path):
 
 def test_every_shipped_scenario_has_a_baseline():
     from parity.analysis.baseline import check_scenario, load_baseline
-    from parity.scenario import load_scenario
+    from parity.harness.scenario import load_scenario
 
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         scenario = load_scenario(path)
@@ -225,7 +225,7 @@ def test_a_graph_mode_that_replayed_no_graph_is_refused():
 
     from parity.analysis.metrics import Acceptance
     from parity.errors import ParityInputError
-    from parity.gate_session import refuse_vacuous
+    from parity.harness.gate import refuse_vacuous
 
     def run(modes):
         return SimpleNamespace(result=SimpleNamespace(forwards=pd.DataFrame({"runtime_mode": modes})))
@@ -239,8 +239,8 @@ def test_a_graph_mode_that_replayed_no_graph_is_refused():
 @pytest.mark.slow
 def test_clean_engine_passes_over_many_seeds():
     """50 seeds of a 2-request, 12-token scenario at T=0.8 (about a minute): the observed false-alarm rate."""
-    from parity.bench_gate import measure, tiny
-    from parity.scenario import load_scenario
+    from parity.harness.false_alarms import measure, tiny
+    from parity.harness.scenario import load_scenario
 
     r = measure(tiny(load_scenario(DEFAULT), 2, 12, 0.8), seeds=50)
     print(f"false alarms: full vs eager {r['graph_vs_eager_alarms']}/50, "

@@ -20,9 +20,10 @@ import torch
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs import emulated
 from parity.graphs.factory import install_graphs
+from parity.graphs.policy import CapturePolicy
 from parity.models.pair import load_pair
-from parity.runner import engine_config
-from parity.scenario import load_scenario
+from parity.harness.modes import engine_config
+from parity.harness.scenario import load_scenario
 
 pytestmark = pytest.mark.gpu
 
@@ -34,7 +35,7 @@ def _capture(device: str, backend: str, mode: str) -> None:
     scenario = load_scenario(ROOT / "scenarios" / "s004-dedicated-pool.yaml")
     pair = load_pair("tiny-llama3-eagle", device=device)
     engine = SpecDecodeEngine(pair.target, pair.head, engine_config(scenario), device)
-    install_graphs(engine, mode, backend, shared_drafter_pool=True)
+    install_graphs(engine, mode, backend, policy=CapturePolicy(shared_drafter_pool=True))
 
 
 def cuda_placements(mode: str) -> list[tuple[int, int]]:

@@ -118,7 +118,7 @@ def test_head_tolerates_embeddings_and_input_layernorm(saved_pair):
 
 
 def test_tokenizer_round_trip(tmp_path):
-    from parity.models.builder.tokenizer import build_tokenizer, save_tokenizer
+    from parity.training.tokenizer import build_tokenizer, save_tokenizer
     save_tokenizer(build_tokenizer(), tmp_path)
     tok = loader.load_tokenizer(tmp_path)
     text = "Once upon a time, there was a kind baker named Tom who lived in Oakvale."

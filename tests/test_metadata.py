@@ -14,7 +14,6 @@ from parity.engine.kv_cache import PAD_SLOT, PagedKVCache
 from parity.engine.metadata import MetadataBuilder, RowPlan
 from parity.engine.proposer import EagleProposer
 from parity.engine.target_runner import TargetRunner
-from parity.graphs.context import forward_context
 
 MAX_TOKENS, MAX_REQS = 48, 6
 GARBAGE = 777   # what the buffers hold before a build: any stale entry shows
@@ -164,8 +163,8 @@ def test_padded_target_forward_writes_only_real_slots(random_pair):
 
     saved = _randomise(kv)
     meta = runner.builder.build(rows, 16, 4)          # 7 real tokens padded to 16, 2 rows to 4
-    with forward_context(meta), torch.no_grad():
-        padded_logits, _ = runner.forward(16, 4)
+    with torch.no_grad():
+        padded_logits, _ = runner.verify(16, 4, meta)
     assert _changed_rows(kv, saved) - {trash} == real
     written = [t[sorted(real)].clone() for t in kv.tensors()]
 
@@ -175,8 +174,8 @@ def test_padded_target_forward_writes_only_real_slots(random_pair):
     # Unpadded, the real tokens get the same logits and write the same KV.
     kv.restore(saved)
     meta = runner.builder.build(rows, 7, 2)
-    with forward_context(meta), torch.no_grad():
-        exact_logits, _ = runner.forward(7, 2)
+    with torch.no_grad():
+        exact_logits, _ = runner.verify(7, 2, meta)
     torch.testing.assert_close(padded_logits[:7], exact_logits, rtol=1e-5, atol=1e-5)
     for t, w in zip(kv.tensors(), written):
         torch.testing.assert_close(t[sorted(real)], w, rtol=1e-5, atol=1e-6)
@@ -184,8 +183,8 @@ def test_padded_target_forward_writes_only_real_slots(random_pair):
     # All padding (capture-time metadata): nothing but the trash row changes.
     kv.restore(saved)
     meta = runner.builder.build_dummy(16, 4)
-    with forward_context(meta), torch.no_grad():
-        runner.forward(16, 4)
+    with torch.no_grad():
+        runner.verify(16, 4, meta)
     assert _changed_rows(kv, saved) <= {trash}
 
 
@@ -201,12 +200,12 @@ def test_padded_draft_step_writes_only_real_slots(random_pair):
     proposer.buffers["hidden_states"].normal_()
     proposer.buffers["draft_step"].fill_(1)
     meta = proposer.builder.build(rows, 4, 4)
-    with forward_context(meta), torch.no_grad():
-        proposer.step_forward(4, 4)
+    with torch.no_grad():
+        proposer.step_forward(4, 4, meta)
     assert _changed_rows(kv, saved) - {trash} == real
     advance(proposer.builder, meta, 4)
     moved = {slot(r.blocks, r.first_position + 1, 4, cfg.max_model_len) for r in rows}
     saved = kv.snapshot()
-    with forward_context(meta), torch.no_grad():
-        proposer.step_forward(4, 4)
+    with torch.no_grad():
+        proposer.step_forward(4, 4, meta)
     assert _changed_rows(kv, saved) - {trash} == moved

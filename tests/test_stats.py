@@ -11,7 +11,7 @@ from parity.analysis import stats
 from parity.analysis.gate import Pairing, evaluate_gate
 from parity.analysis.metrics import Acceptance
 from parity.analysis.sources import from_acceptance
-from parity.scenario import Tolerances
+from parity.analysis.tolerances import Tolerances
 
 # Seed 000 (vLLM #20190): printed per-position acceptance, PIECEWISE then FULL.
 PIECEWISE = (0.77, 0.51, 0.28, 0.13, 0.05, 0.03, 0.03)

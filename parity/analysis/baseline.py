@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import parity
@@ -60,23 +58,6 @@ def build_baseline(*, model: str, model_checksum: str, scenario, backend: str,
                          "mean_acceptance_length": round(acc.mean_acceptance_length, 6)}
                   for mode, acc in acceptance.items()},
     }
-
-
-def write_baseline(path: str | Path, data: dict) -> Path:
-    """Write atomically: a temp file in the same folder, then rename over `path`."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise ParityInputError(f"{path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def load_baseline(path: str | Path) -> dict:

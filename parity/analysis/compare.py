@@ -9,7 +9,7 @@ import pandas as pd
 from parity.analysis import stats
 from parity.analysis.draft_parity import draft_parity
 from parity.analysis.metrics import Acceptance, acceptance, wilson_interval
-from parity.scenario import Scenario, Tolerances
+from parity.analysis.tolerances import Tolerances
 
 REFERENCE = "eager"
 
@@ -121,7 +121,7 @@ def compare_mode(mode: str, reference, run, k: int, temperature: float, tol: Tol
     return cmp
 
 
-def compare_runs(runs: dict, scenario: Scenario) -> dict[str, ModeComparison]:
+def compare_runs(runs: dict, scenario) -> dict[str, ModeComparison]:
     """Every mode against eager; eager itself is compared with itself (always passes)."""
     if REFERENCE not in runs:
         raise ValueError("the eager run is the reference and must be present")

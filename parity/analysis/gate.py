@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from parity.analysis import stats
 from parity.analysis.sources import AcceptanceRecord
 from parity.errors import ParityInputError
-from parity.scenario import Tolerances
+from parity.analysis.tolerances import Tolerances
 
 
 @dataclass(frozen=True)

@@ -20,43 +20,8 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
                   comparisons: dict[str, ModeComparison], runs: dict, tokenizer=None,
                   diagnosis: dict | None = None) -> dict:
     """Everything a report shows, as JSON-ready data; the verdict is drift if any mode drifts."""
-    modes = {}
-    divergences = {}
-    for mode, cmp in comparisons.items():
-        acc = cmp.acceptance
-        forwards = runs[mode].result.forwards
-        modes[mode] = {
-            "num_drafts": acc.num_drafts,
-            "accepted_per_position": list(acc.accepted_per_position),
-            "acceptance_per_position": [round(r, 6) for r in acc.rates],
-            "acceptance_ci95": [[round(lo, 6), round(hi, 6)] for lo, hi in cmp.intervals],
-            "mean_acceptance_length": round(acc.mean_acceptance_length, 6),
-            "tokens_equal_to_eager": cmp.tokens_equal_to_eager,
-            "max_abs_logprob_diff": cmp.max_abs_logprob_diff,
-            "mean_abs_logprob_diff": cmp.mean_abs_logprob_diff,
-            "max_logprob_diff_at": cmp.max_logprob_diff_at,
-            "drafts_compared": cmp.drafts.compared if cmp.drafts else 0,
-            "draft_mismatches": cmp.drafts.mismatches if cmp.drafts else 0,
-            "max_abs_draft_logprob_diff": cmp.drafts.max_abs_logprob_diff if cmp.drafts else 0.0,
-            "max_abs_verify_logprob_diff": cmp.drafts.max_abs_verify_logprob_diff if cmp.drafts else 0.0,
-            "position_drift": cmp.position_drift,
-            "verdict": cmp.verdict,
-            "reasons": cmp.reasons,
-            "num_output_tokens": int(len(runs[mode].result.tokens)),
-            "forwards_by_runtime_mode": {str(k): int(v) for k, v in
-                                         forwards.groupby("runtime_mode").size().items()},
-            "capture": runs[mode].capture,
-        }
-        if cmp.divergences:
-            d = cmp.divergences[0]
-            divergences[mode] = {
-                "req_id": d.req_id, "output_index": d.output_index, "position": d.position,
-                "step": d.step_reference, "window_start": d.window_start,
-                "reference_tokens": d.reference_tokens, "mode_tokens": d.mode_tokens,
-                "reference_text": _decode(tokenizer, d.reference_tokens),
-                "mode_text": _decode(tokenizer, d.mode_tokens),
-                "num_requests_diverged": len(cmp.divergences),
-            }
+    modes = {mode: mode_summary(cmp, runs[mode]) for mode, cmp in comparisons.items()}
+    divergences = {mode: divergence_summary(cmp, tokenizer) for mode, cmp in comparisons.items() if cmp.divergences}
     verdict = "drift" if any(m["verdict"] == "drift" for m in modes.values()) else "pass"
     return {
         "schema_version": SCHEMA_VERSION,
@@ -77,4 +42,44 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
         "modes": modes,
         "divergences": divergences,
         "diagnosis": diagnosis,
+    }
+
+
+def mode_summary(cmp: ModeComparison, run) -> dict:
+    """One mode's entry under `modes`: acceptance, parity with eager, verdict, how its forwards ran."""
+    acc = cmp.acceptance
+    forwards = run.result.forwards
+    return {
+        "num_drafts": acc.num_drafts,
+        "accepted_per_position": list(acc.accepted_per_position),
+        "acceptance_per_position": [round(r, 6) for r in acc.rates],
+        "acceptance_ci95": [[round(lo, 6), round(hi, 6)] for lo, hi in cmp.intervals],
+        "mean_acceptance_length": round(acc.mean_acceptance_length, 6),
+        "tokens_equal_to_eager": cmp.tokens_equal_to_eager,
+        "max_abs_logprob_diff": cmp.max_abs_logprob_diff,
+        "mean_abs_logprob_diff": cmp.mean_abs_logprob_diff,
+        "max_logprob_diff_at": cmp.max_logprob_diff_at,
+        "drafts_compared": cmp.drafts.compared if cmp.drafts else 0,
+        "draft_mismatches": cmp.drafts.mismatches if cmp.drafts else 0,
+        "max_abs_draft_logprob_diff": cmp.drafts.max_abs_logprob_diff if cmp.drafts else 0.0,
+        "max_abs_verify_logprob_diff": cmp.drafts.max_abs_verify_logprob_diff if cmp.drafts else 0.0,
+        "position_drift": cmp.position_drift,
+        "verdict": cmp.verdict,
+        "reasons": cmp.reasons,
+        "num_output_tokens": int(len(run.result.tokens)),
+        "forwards_by_runtime_mode": {str(k): int(v) for k, v in forwards.groupby("runtime_mode").size().items()},
+        "capture": run.capture,
+    }
+
+
+def divergence_summary(cmp: ModeComparison, tokenizer) -> dict:
+    """Where a mode's tokens first part from eager's, with both windows decoded."""
+    d = cmp.divergences[0]
+    return {
+        "req_id": d.req_id, "output_index": d.output_index, "position": d.position,
+        "step": d.step_reference, "window_start": d.window_start,
+        "reference_tokens": d.reference_tokens, "mode_tokens": d.mode_tokens,
+        "reference_text": _decode(tokenizer, d.reference_tokens),
+        "mode_text": _decode(tokenizer, d.mode_tokens),
+        "num_requests_diverged": len(cmp.divergences),
     }

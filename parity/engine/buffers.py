@@ -1,21 +1,59 @@
 """Persistent input buffers: one owner for every tensor a forward reads.
 
-Each tensor is allocated once at its maximum size and registered under a name.
-Per-step code only copy_()s into slices, so a graph captured once keeps reading
-the right address. The registry is also what the capture-manifest audit
-compares against: `rebind` is what a buggy builder does instead of copying.
+Each tensor is allocated once at its maximum size and registered under a name,
+with how it is indexed (per token, per request row, per row + 1) and the value
+that makes a padded entry inert. Per-step code only copy_()s into slices, so a
+graph captured once keeps reading the right address. The registry is also what
+the capture-manifest audit and the diagnosis read: the index kind tells real
+entries from padding, the pad value tells what padding must hold.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from parity.engine.kv_cache import PAD_SLOT
 
-# How each buffer is indexed, so analysis can tell real entries from padding.
-TOKEN_BUFFERS = frozenset({"input_ids", "positions", "slot_mapping", "window_start", "hidden_states"})
-ROW_BUFFERS = frozenset({"seq_lens", "block_table", "req_ids", "sample_indices", "draft_tokens",
-                         "draft_logprobs", "draft_probs"})
-ROW_PLUS_ONE_BUFFERS = frozenset({"query_start_loc"})
+TOKEN, ROW, ROW_PLUS_ONE = "token", "row", "row+1"
+# The pad value of query_start_loc: padded rows start (and end) at the number of real tokens.
+NUM_TOKENS = "num_tokens"
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """How a buffer's entries map to a batch, and what a padded entry must hold."""
+
+    index: str | None = None          # TOKEN, ROW, ROW_PLUS_ONE, or None (not batch-indexed)
+    pad: int | str | None = None      # what the builder writes into padded entries (NUM_TOKENS: the real count)
+    # The padding contract: padded entries must still hold `pad` when a forward runs
+    # (PAD slots, zero seq_lens, clamped query_start_loc). Other pads are fill values
+    # a forward may overwrite (a draft step samples tokens for its padded rows too).
+    inert: bool = False
+
+    def inert_value(self, num_tokens: int) -> int | None:
+        return num_tokens if self.pad == NUM_TOKENS else self.pad
+
+    def used(self, num_tokens: int, num_reqs: int) -> slice:
+        """The entries a batch of `num_tokens` real tokens in `num_reqs` rows uses."""
+        if self.index == TOKEN:
+            return slice(0, num_tokens)
+        if self.index == ROW_PLUS_ONE:
+            return slice(0, num_reqs + 1)
+        if self.index == ROW:
+            return slice(0, num_reqs)
+        return slice(None)
+
+    def padding(self, dispatch) -> slice:
+        """The entries that are padding in a forward of `dispatch` (empty when not batch-indexed)."""
+        if self.index == TOKEN:
+            return slice(dispatch.num_tokens, dispatch.num_tokens_padded)
+        if self.index == ROW_PLUS_ONE:
+            return slice(dispatch.num_reqs + 1, dispatch.num_reqs_padded + 1)
+        if self.index == ROW:
+            return slice(dispatch.num_reqs, dispatch.num_reqs_padded)
+        return slice(0, 0)
 
 
 class InputBuffers:
@@ -23,12 +61,15 @@ class InputBuffers:
         self.owner = owner
         self.device = device
         self._tensors: dict[str, torch.Tensor] = {}
+        self._specs: dict[str, BufferSpec] = {}
 
-    def register(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def register(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, index: str | None = None,
+                 pad: int | str | None = None, inert: bool = False) -> torch.Tensor:
         if name in self._tensors:
             raise KeyError(f"{self.owner}: buffer {name!r} registered twice")
         tensor = torch.zeros(shape, dtype=dtype, device=self.device)
         self._tensors[name] = tensor
+        self._specs[name] = BufferSpec(index, pad, inert)
         return tensor
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -37,8 +78,11 @@ class InputBuffers:
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
 
+    def spec(self, name: str) -> BufferSpec:
+        return self._specs[name]
+
     def rebind(self, name: str, tensor: torch.Tensor) -> None:
-        """Replace a buffer by another tensor (a new address). Only faults do this."""
+        """Point `name` at another tensor (a new address): what a buggy builder does instead of copying."""
         self._tensors[name] = tensor
 
     def items(self):
@@ -52,11 +96,11 @@ def register_attention_buffers(buffers: InputBuffers, max_tokens: int, max_reqs:
                                blocks_per_seq: int) -> None:
     """The buffers every paged-attention forward reads (vLLM's CommonAttentionMetadata)."""
     i64 = torch.int64
-    buffers.register("input_ids", (max_tokens,), i64)
-    buffers.register("positions", (max_tokens,), i64)
-    buffers.register("query_start_loc", (max_reqs + 1,), i64)
-    buffers.register("seq_lens", (max_reqs,), i64)
-    buffers.register("slot_mapping", (max_tokens,), i64)
-    buffers.register("block_table", (max_reqs, blocks_per_seq), i64)
-    buffers.register("window_start", (max_tokens,), i64)
-    buffers.register("req_ids", (max_reqs,), i64)
+    buffers.register("input_ids", (max_tokens,), i64, TOKEN, 0)
+    buffers.register("positions", (max_tokens,), i64, TOKEN, 0)
+    buffers.register("query_start_loc", (max_reqs + 1,), i64, ROW_PLUS_ONE, NUM_TOKENS, inert=True)
+    buffers.register("seq_lens", (max_reqs,), i64, ROW, 0, inert=True)
+    buffers.register("slot_mapping", (max_tokens,), i64, TOKEN, PAD_SLOT, inert=True)
+    buffers.register("block_table", (max_reqs, blocks_per_seq), i64, ROW, 0)
+    buffers.register("window_start", (max_tokens,), i64, TOKEN, 0)
+    buffers.register("req_ids", (max_reqs,), i64, ROW, 0)

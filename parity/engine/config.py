@@ -23,9 +23,6 @@ class EngineConfig:
     sliding_window: int = 0
     sliding_window_layers: tuple[int, ...] = ()
     spec_decode: bool = True
-    # Names from parity.faults.catalog switched on in this engine (empty: clean).
-    # NOTE: only engine code reads this; the analysis never does.
-    faults: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

@@ -2,8 +2,13 @@
 
 The builder never allocates a tensor a forward reads: it copy_()s host-built
 values into slices of the registered buffers and hands out a view of them.
-Padding is explicit and inert: PAD slot -1 (writes skipped), positions 0,
-seq_lens 0, query_start_loc clamped to num_tokens.
+Padding is explicit and inert: every padded entry gets its buffer's declared
+pad value (PAD slot -1 so writes are skipped, positions 0, seq_lens 0,
+query_start_loc clamped to num_tokens).
+
+The builder is written as a few small named steps (`padding`, `write`,
+`store_block_table`, `make_view`, `store_slots`, `advance_window`) so that a
+variant of the engine can replace one step without touching the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import torch
 
 from parity.engine.buffers import InputBuffers
 from parity.engine.kv_cache import PAD_SLOT, PagedKVCache
+
+TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "window_start")
+ROW_FIELDS = ("query_start_loc", "seq_lens", "req_ids")
 
 
 @dataclass
@@ -50,23 +58,36 @@ class AttentionMetadata:
     block_size: int
     max_model_len: int
     window_layers: tuple[int, ...] = ()
-    # Python values a builder may hand the forward (a FULL graph bakes them at capture)
+    # The draft step index as a host value (the step graph reads the `draft_step` buffer).
     draft_step: int = 0
-    window_start_host: int | None = None
 
     def window_for_layer(self, layer: int) -> bool | None:
         return True if layer in self.window_layers else None
+
+    def window_starts(self) -> torch.Tensor:
+        """First key position each token may attend to on a sliding-window layer: [num_tokens_padded]."""
+        return self.window_start
+
+
+@dataclass
+class HostBatch:
+    """The values of one batch's metadata, on the host, before they reach the buffers."""
+
+    values: dict[str, list[int]]   # per field: the real entries, unpadded
+    block_table: torch.Tensor      # [num_reqs_padded, blocks_per_seq]
+    num_tokens: int
+    num_reqs: int
+    max_query_len: int
+    max_seq_len: int
 
 
 class MetadataBuilder:
     """Writes a batch's metadata into one owner's buffers and returns the view."""
 
+    metadata_class = AttentionMetadata
+
     def __init__(self, buffers: InputBuffers, kv_cache: PagedKVCache, block_size: int,
-                 max_model_len: int, sliding_window: int = 0, window_layers: tuple[int, ...] = (),
-                 faults: frozenset = frozenset(), drafter: bool = False):
-        self.faults = faults
-        self.drafter = drafter
-        self._table_rows_written: dict[int, int] = {}
+                 max_model_len: int, sliding_window: int = 0, window_layers: tuple[int, ...] = ()):
         self.buffers = buffers
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -84,6 +105,8 @@ class MetadataBuilder:
             return 0
         return max(0, position - self.sliding_window + 1)
 
+    # --- a batch ----------------------------------------------------------------------
+
     def build(self, rows: list[RowPlan], num_tokens_padded: int, num_reqs_padded: int,
               input_ids: list[int] | None = None, write_input_ids: bool = True) -> AttentionMetadata:
         """Copy `rows` into the buffers, padded to the given sizes, and return the view.
@@ -91,93 +114,58 @@ class MetadataBuilder:
         `input_ids` overrides the rows' token ids (the drafter's shifted inputs);
         `write_input_ids=False` leaves input_ids to the device (draft decode steps).
         """
-        num_tokens = sum(r.query_len for r in rows)
-        num_reqs = len(rows)
-        assert num_tokens <= num_tokens_padded and num_reqs <= num_reqs_padded
-        ids = input_ids if input_ids is not None else [t for r in rows for t in r.token_ids]
-        positions, slots, windows = [], [], []
-        qsl, seq_lens, req_ids = [0], [], []
-        width = self.buffers["block_table"].shape[1]
-        table = torch.zeros((num_reqs_padded, width), dtype=torch.int64)
+        host = self.host_batch(rows, num_reqs_padded, input_ids)
+        assert host.num_tokens <= num_tokens_padded and host.num_reqs <= num_reqs_padded
+        pad_tokens, pad_reqs = self.padding(host.num_tokens, num_tokens_padded, host.num_reqs, num_reqs_padded)
+        for name in TOKEN_FIELDS:
+            if name != "input_ids" or write_input_ids:
+                self.write(name, host.values[name], pad_tokens, host.num_tokens)
+        for name in ROW_FIELDS:
+            self.write(name, host.values[name], pad_reqs, host.num_tokens)
+        meta = self.make_view(num_tokens_padded, num_reqs_padded, host.num_reqs, host.num_tokens,
+                              host.max_query_len, host.max_seq_len)
+        self.store_block_table(meta, host.block_table, rows)
+        return meta
+
+    def host_batch(self, rows: list[RowPlan], num_reqs_padded: int, input_ids: list[int] | None) -> HostBatch:
+        values = {name: [] for name in TOKEN_FIELDS + ROW_FIELDS}
+        values["input_ids"] = input_ids if input_ids is not None else [t for r in rows for t in r.token_ids]
+        values["query_start_loc"] = [0]
+        table = torch.zeros((num_reqs_padded, self.buffers["block_table"].shape[1]), dtype=torch.int64)
         for i, row in enumerate(rows):
             for p in range(row.first_position, row.seq_len):
                 clamped = min(p, self.max_model_len - 1)
-                positions.append(clamped)
-                slots.append(self.slot_of(row.blocks, p))
-                windows.append(self.window_start_of(clamped))
-            qsl.append(qsl[-1] + row.query_len)
-            seq_lens.append(min(row.seq_len, self.max_model_len))
-            req_ids.append(row.req_id)
+                values["positions"].append(clamped)
+                values["slot_mapping"].append(self.slot_of(row.blocks, p))
+                values["window_start"].append(self.window_start_of(clamped))
+            values["query_start_loc"].append(values["query_start_loc"][-1] + row.query_len)
+            values["seq_lens"].append(min(row.seq_len, self.max_model_len))
+            values["req_ids"].append(row.req_id)
             table[i, : len(row.blocks)] = torch.tensor(row.blocks, dtype=torch.int64)
-        pad_t = num_tokens_padded - num_tokens
-        pad_r = num_reqs_padded - num_reqs
-        faults = self.faults
-        if "padded-rows-unmasked" in faults:
-            # FAULT: num_tokens / num_reqs used where the padded sizes are needed:
-            # padded entries keep whatever an earlier batch left there.
-            pad_t = pad_r = 0
-        if write_input_ids:
-            self._fill("input_ids", ids + [0] * pad_t)
-        self._fill("positions", positions + [0] * pad_t)
-        self._fill("slot_mapping", slots + [PAD_SLOT] * pad_t)
-        self._fill("window_start", windows + [0] * pad_t)
-        qsl_values = qsl + [num_tokens] * pad_r
-        if "reassign-query-start-loc" in faults and self.drafter:
-            # FAULT: the drafter's query_start_loc built into a fresh tensor each step.
-            self._rebind("query_start_loc", qsl_values)
-        else:
-            self._fill("query_start_loc", qsl_values)
-        if "reassign-seq-lens" in faults:
-            # FAULT: seq_lens rebound to a new tensor instead of copied into the buffer.
-            self._rebind("seq_lens", seq_lens + [0] * pad_r)
-        else:
-            self._fill("seq_lens", seq_lens + [0] * pad_r)
-        self._fill("req_ids", req_ids + [0] * pad_r)
-        meta = self.view(num_tokens_padded, num_reqs_padded, num_reqs, num_tokens,
+        return HostBatch(values, table, sum(r.query_len for r in rows), len(rows),
                          max(r.query_len for r in rows), max(r.seq_len for r in rows))
-        if "stale-block-table" in faults:
-            # FAULT: a request's row of the block table is copied only when the request
-            # is first seen, so blocks allocated later never reach the buffer.
-            for i, row in enumerate(rows):
-                if self._table_rows_written.get(row.req_id) != i:
-                    self.buffers["block_table"][i].copy_(table[i])
-                    self._table_rows_written[row.req_id] = i
-            meta.block_table = table.to(self.buffers.device)
-        else:
-            self.buffers["block_table"][:num_reqs_padded].copy_(table)
-        if "frozen-window-state" in faults:
-            # FAULT: the window start cached as one Python int per batch.
-            meta.window_start_host = min(windows) if windows else 0
-        return meta
 
-    def _rebind(self, name: str, values: list[int]) -> None:
-        fresh = torch.zeros_like(self.buffers[name])
-        fresh[: len(values)] = torch.tensor(values, dtype=fresh.dtype)
-        self.buffers.rebind(name, fresh)
+    def padding(self, num_tokens: int, num_tokens_padded: int, num_reqs: int, num_reqs_padded: int) -> tuple[int, int]:
+        """How many padded token entries and padded row entries to write."""
+        return num_tokens_padded - num_tokens, num_reqs_padded - num_reqs
 
-    def build_dummy(self, num_tokens_padded: int, num_reqs_padded: int) -> AttentionMetadata:
-        """Capture-time metadata: every token padding (PAD slots), so capture writes no KV."""
-        self._fill("input_ids", [0] * num_tokens_padded)
-        self._fill("positions", [0] * num_tokens_padded)
-        self._fill("slot_mapping", [PAD_SLOT] * num_tokens_padded)
-        self._fill("window_start", [0] * num_tokens_padded)
-        self._fill("query_start_loc", [0] + [num_tokens_padded] * num_reqs_padded)
-        self._fill("seq_lens", [0] * num_reqs_padded)
-        self._fill("req_ids", [0] * num_reqs_padded)
-        self.buffers["block_table"][:num_reqs_padded].zero_()
-        meta = self.view(num_tokens_padded, num_reqs_padded, num_reqs_padded, num_tokens_padded, 1, 1)
-        if "frozen-window-state" in self.faults:
-            meta.window_start_host = 0
-        return meta
+    def write(self, name: str, values: list[int], pad: int, num_tokens: int) -> None:
+        """Copy `values` and `pad` inert entries into the front of buffer `name`."""
+        self._fill(name, values, pad, num_tokens)
 
-    def _fill(self, name: str, values: list[int]) -> None:
-        host = torch.tensor(values, dtype=torch.int64)
-        self.buffers[name][: len(values)].copy_(host, non_blocking=True)
+    def _fill(self, name: str, values: list[int], pad: int, num_tokens: int) -> None:
+        inert = self.buffers.spec(name).inert_value(num_tokens)
+        host = torch.tensor(values + [inert] * pad, dtype=torch.int64)
+        self.buffers[name][: len(host)].copy_(host, non_blocking=True)
 
-    def view(self, num_tokens_padded: int, num_reqs_padded: int, num_reqs: int,
-             num_actual_tokens: int, max_query_len: int, max_seq_len: int) -> AttentionMetadata:
+    def store_block_table(self, meta: AttentionMetadata, table: torch.Tensor, rows: list[RowPlan]) -> None:
+        """The batch's block table into the buffer the view already points at."""
+        self.buffers["block_table"][: table.shape[0]].copy_(table)
+
+    def make_view(self, num_tokens_padded: int, num_reqs_padded: int, num_reqs: int,
+                  num_actual_tokens: int, max_query_len: int, max_seq_len: int) -> AttentionMetadata:
         b = self.buffers
-        return AttentionMetadata(
+        return self.metadata_class(
             query_start_loc=b["query_start_loc"][: num_reqs_padded + 1],
             seq_lens=b["seq_lens"][:num_reqs_padded],
             slot_mapping=b["slot_mapping"][:num_tokens_padded],
@@ -194,12 +182,23 @@ class MetadataBuilder:
             window_layers=self.window_layers,
         )
 
+    def build_dummy(self, num_tokens_padded: int, num_reqs_padded: int) -> AttentionMetadata:
+        """Capture-time metadata: every token padding (PAD slots), so capture writes no KV."""
+        for name in TOKEN_FIELDS:
+            self._fill(name, [], num_tokens_padded, 0)
+        for name in ROW_FIELDS:
+            self._fill(name, [0] if name == "query_start_loc" else [], num_reqs_padded, num_tokens_padded)
+        self.buffers["block_table"][:num_reqs_padded].zero_()
+        return self.make_view(num_tokens_padded, num_reqs_padded, num_reqs_padded, num_tokens_padded, 1, 1)
+
+    # --- between draft decode steps ---------------------------------------------------------
+
     def advance_draft_step(self, meta: AttentionMetadata, num_reqs_padded: int) -> None:
-        """Between draft decode steps (one token per row): move every live row one position on.
+        """Move every live row one position on (one token per row), in place, on the device.
 
         positions += 1, seq_lens += 1, slot_mapping recomputed from the block table,
         positions past max_model_len clamped with a PAD slot, sliding-window starts
-        rebuilt. Padded rows (seq_lens 0) stay inert. All in place, on the device.
+        rebuilt. Padded rows (seq_lens 0) stay inert.
         """
         n = num_reqs_padded
         positions = meta.positions[:n]
@@ -212,15 +211,14 @@ class MetadataBuilder:
         block_idx = (positions // self.block_size).unsqueeze(1)
         blocks = meta.block_table[:n].gather(1, block_idx).squeeze(1)
         slots = torch.where(live & ~overflow, blocks * self.block_size + positions % self.block_size, PAD_SLOT)
-        if "stale-slot-mapping" in self.faults:
-            # FAULT: the new slots go to the metadata object only; the persistent
-            # buffer a graph captured keeps the previous step's slots.
-            fresh = meta.slot_mapping.clone()
-            fresh[:n] = slots
-            meta.slot_mapping = fresh
-        else:
-            meta.slot_mapping[:n].copy_(slots)
+        self.store_slots(meta, slots, n)
+        self.advance_window(meta, positions, n)
+
+    def store_slots(self, meta: AttentionMetadata, slots: torch.Tensor, n: int) -> None:
+        """The rows' new slots into the slot_mapping the view points at."""
+        meta.slot_mapping[:n].copy_(slots)
+
+    def advance_window(self, meta: AttentionMetadata, positions: torch.Tensor, n: int) -> None:
+        """Rebuild the sliding-window starts for the new positions (position-dependent state)."""
         if self.sliding_window:
             meta.window_start[:n].copy_((positions - self.sliding_window + 1).clamp(min=0))
-        if meta.window_start_host is not None:
-            meta.window_start_host += 1

@@ -1,4 +1,4 @@
-"""The EAGLE proposer: the drafter's own buffers, metadata, prefill and decode step.
+"""The EAGLE proposer: the drafter's own buffers, metadata, inputs, forwards and drafts.
 
 Per engine step: one draft prefill over the verified tokens (the same layout as
 the target batch; 1+K tokens per decoding request), then K-1 draft decode
@@ -6,7 +6,7 @@ steps of one token per request. Each forward ends with the input update for
 the next one (draft token into input_ids, draft hidden into hidden_states,
 token/logprob/probs into the output columns picked by the `draft_step` tensor),
 so one captured step can be replayed K-1 times. Between replays the metadata is
-rebuilt eagerly by `MetadataBuilder.advance_draft_step`.
+advanced eagerly by `MetadataBuilder.advance_draft_step`.
 """
 
 from __future__ import annotations
@@ -14,30 +14,34 @@ from __future__ import annotations
 import torch
 
 from parity.engine import rejection
-from parity.engine.buffers import InputBuffers, register_attention_buffers
+from parity.engine.buffers import ROW, TOKEN, InputBuffers, register_attention_buffers
 from parity.engine.config import EngineConfig
 from parity.engine.kv_cache import PagedKVCache
-from parity.engine.metadata import MetadataBuilder
-from parity.graphs.context import current_metadata
+from parity.engine.metadata import MetadataBuilder, RowPlan
+from parity.engine.owner import Forward, Owner
 
 
-class EagleProposer:
-    def __init__(self, head, config: EngineConfig, device: torch.device):
+class EagleProposer(Owner):
+    name = "drafter"
+
+    def __init__(self, head, config: EngineConfig, device: torch.device,
+                 builder_class: type[MetadataBuilder] = MetadataBuilder):
+        super().__init__()
         self.head = head
         self.config = config
         hc = head.config
         k = config.num_speculative_tokens
-        self.buffers = InputBuffers("drafter", device)
+        self.buffers = InputBuffers(self.name, device)
         b = self.buffers
         register_attention_buffers(b, config.max_num_batched_tokens, config.max_num_seqs, config.blocks_per_seq)
         dtype = head.fc.weight.dtype
         vocab = head.lm_head.weight.shape[0]
-        b.register("hidden_states", (config.max_num_batched_tokens, hc.hidden_size), dtype)
-        b.register("sample_indices", (config.max_num_seqs,), torch.int64)
+        b.register("hidden_states", (config.max_num_batched_tokens, hc.hidden_size), dtype, TOKEN)
+        b.register("sample_indices", (config.max_num_seqs,), torch.int64, ROW, 0)
         b.register("draft_step", (1,), torch.int64)
-        b.register("draft_tokens", (config.max_num_seqs, k), torch.int64)
-        b.register("draft_logprobs", (config.max_num_seqs, k), torch.float32)
-        b.register("draft_probs", (config.max_num_seqs, k, vocab), torch.float32)
+        b.register("draft_tokens", (config.max_num_seqs, k), torch.int64, ROW)
+        b.register("draft_logprobs", (config.max_num_seqs, k), torch.float32, ROW)
+        b.register("draft_probs", (config.max_num_seqs, k, vocab), torch.float32, ROW)
         head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
         self.kv_cache = PagedKVCache(hc.num_hidden_layers, config.num_blocks, config.block_size,
                                      hc.num_key_value_heads, head_dim, dtype, device)
@@ -45,30 +49,85 @@ class EagleProposer:
         # builder here (layer 0 of the drafter when any target layer has one),
         # so the drafter's position-dependent state must be rebuilt per step too.
         window_layers = (0,) if config.sliding_window and config.sliding_window_layers else ()
-        self.builder = MetadataBuilder(b, self.kv_cache, config.block_size, config.max_model_len,
-                                       config.sliding_window, window_layers, config.faults, drafter=True)
-        self.faults = config.faults
-        self.last_hidden: torch.Tensor | None = None
+        self.builder = builder_class(b, self.kv_cache, config.block_size, config.max_model_len,
+                                     config.sliding_window, window_layers)
 
-    def advance(self, meta, num_reqs_padded: int) -> None:
-        """Eager, between draft decode steps: rebuild the metadata, move the step index on."""
-        self.builder.advance_draft_step(meta, num_reqs_padded)
+    def forwards(self) -> tuple[Forward, ...]:
+        q = self.config.num_speculative_tokens + 1
+        return (Forward("draft_prefill", self.prefill_forward, self.config.max_num_batched_tokens, q),
+                Forward("draft_step", self.step_forward, self.config.max_num_seqs, 1))
+
+    def decoder_layers(self) -> list[torch.nn.Module]:
+        return list(self.head.decoder_layers())
+
+    def capture_metadata(self, num_tokens_padded: int, num_reqs_padded: int):
+        meta = self.builder.build_dummy(num_tokens_padded, num_reqs_padded)
+        self.buffers["sample_indices"].zero_()
+        self.buffers["draft_step"].zero_()
+        return meta
+
+    # --- eager: inputs before the forwards, drafts after them ----------------------------------
+
+    def prepare_prefill(self, rows, plans: list[RowPlan], starts: list[int], emitted, features):
+        """Inputs of the draft prefill over the verified tokens; returns (dispatch, metadata).
+
+        EAGLE reads (token at position p+1, target hidden at p): each row's query
+        shifted left by one. A decoding row's entry `accepted` holds the newly
+        sampled token; later entries (rejected drafts, then a pad) are overwritten
+        next step. A prefill row drafts from its last position.
+        """
+        k, b = self.config.num_speculative_tokens, self.buffers
+        shifted, sample_rows = [], []
+        for i, row in enumerate(rows):
+            tokens, accepted = emitted[i]
+            if row.is_prefill:
+                shifted += row.request.prompt[1:] + [tokens[0]]
+                sample_rows.append(starts[i + 1] - 1)
+            else:
+                drafts = row.request.drafts
+                shifted += (tokens + drafts[accepted + 1:] + [0])[: k + 1]
+                sample_rows.append(starts[i] + accepted)
+        num_tokens, n = starts[-1], len(rows)
+        assert len(shifted) == num_tokens, "draft inputs must line up with the verified tokens"
+        d = self.executor.dispatch("draft_prefill", num_tokens, n, all(not r.is_prefill for r in rows))
+        # NOTE: EAGLE-3's fusion of the target's auxiliary hidden states runs here,
+        # eagerly, outside the drafter's graphs (they start from the fused features).
+        b["hidden_states"][:num_tokens].copy_(self.head.fuse_target_hidden(features[:num_tokens]))
+        meta = self.builder.build(plans, d.num_tokens_padded, d.num_reqs_padded, input_ids=shifted)
+        b["sample_indices"][: d.num_reqs_padded].copy_(torch.tensor(sample_rows + [0] * (d.num_reqs_padded - n)))
+        b["draft_step"].fill_(0)
+        meta.draft_step = 0
+        return d, meta
+
+    def prepare_steps(self, rows):
+        """Metadata of the draft decode steps (one token per row, after the emitted tokens)."""
+        n = len(rows)
+        plans = [RowPlan(r.request.req_id, [0], len(r.request.tokens) - 1, r.request.blocks) for r in rows]
+        d = self.executor.dispatch("draft_step", n, n, True)
+        meta = self.builder.build(plans, d.num_tokens_padded, d.num_reqs_padded, write_input_ids=False)
+        self.buffers["draft_step"].fill_(1)
+        meta.draft_step = 1
+        return d, meta
+
+    def advance(self, meta, dispatch) -> None:
+        """Between draft decode steps: advance the metadata, move the step index on."""
+        self.builder.advance_draft_step(meta, dispatch.num_reqs_padded)
         self.buffers["draft_step"].add_(1)
         meta.draft_step += 1
 
-    def after_forward(self, num_rows: int) -> None:
-        """Eager work after a drafter forward (nothing, in a correct engine)."""
-        if "hidden-states-not-copied" in self.faults:
-            # FAULT: the hidden-state update was moved out of the captured step; it
-            # copies whatever tensor the step function last produced in Python.
-            self.buffers["hidden_states"][:num_rows].copy_(self.last_hidden[:num_rows])
+    def read_drafts(self, n: int) -> list[tuple[list[int], list[float], torch.Tensor | None]]:
+        """Per row: the K draft tokens, their logprobs and (when sampling) their distributions."""
+        b = self.buffers
+        tokens = b["draft_tokens"][:n].tolist()
+        logprobs = b["draft_logprobs"][:n].tolist()
+        probs = b["draft_probs"][:n].clone() if self.config.temperature > 0 else None
+        return [(tokens[i], logprobs[i], probs[i] if probs is not None else None) for i in range(n)]
 
     # --- captured bodies -------------------------------------------------------------
 
-    def prefill_forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple:
+    def prefill_forward(self, num_tokens_padded: int, num_reqs_padded: int, meta) -> tuple:
         """Draft prefill over the verified tokens; samples draft token 0 at `sample_indices`."""
         b = self.buffers
-        meta = current_metadata()
         t = num_tokens_padded
         positions = b["positions"][:t]
         hidden = self.head(b["input_ids"][:t], positions, b["hidden_states"][:t], meta)
@@ -77,14 +136,13 @@ class EagleProposer:
         self._emit(num_reqs_padded, row_hidden, positions[rows] + 2, meta)
         return ()
 
-    def step_forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple:
+    def step_forward(self, num_tokens_padded: int, num_reqs_padded: int, meta) -> tuple:
         """One draft decode step: one token per row, forward + logits + sample + input update.
 
         A token-keyed graph may pad tokens beyond the rows; those are inert padding.
         """
         b = self.buffers
         t, n = num_tokens_padded, num_reqs_padded
-        meta = current_metadata()
         positions = b["positions"][:t]
         hidden = self.head(b["input_ids"][:t], positions, b["hidden_states"][:t], meta)
         self._emit(n, hidden[:n], positions[:n] + 2, meta)
@@ -95,22 +153,22 @@ class EagleProposer:
         b = self.buffers
         cfg = self.config
         logits = self.head.logits(row_hidden)
-        req_ids = b["req_ids"][:n]
         tokens = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
-                                        req_ids=req_ids, positions=drafted_positions)
+                                        req_ids=b["req_ids"][:n], positions=drafted_positions)
         probs = rejection.draft_distribution(logits, cfg.temperature)
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1))
-        if "frozen-draft-step" in self.faults:
-            # FAULT: the step index comes in as a Python int (baked at capture).
-            column = torch.full((n, 1), meta.draft_step, dtype=torch.int64, device=tokens.device)
-        else:
-            column = b["draft_step"].expand(n).unsqueeze(1)               # [n, 1]
+        column = self.draft_column(n, meta)                                # [n, 1]
         b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
         b["draft_logprobs"][:n].scatter_(1, column, logprobs)
         vocab = probs.shape[-1]
         b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
         b["input_ids"][:n].copy_(tokens)
-        if "hidden-states-not-copied" in self.faults:
-            self.last_hidden = row_hidden
-        else:
-            b["hidden_states"][:n].copy_(row_hidden)
+        self.store_hidden(row_hidden, n)
+
+    def draft_column(self, n: int, meta) -> torch.Tensor:
+        """The output column of this draft step, from the `draft_step` buffer: [n, 1]."""
+        return self.buffers["draft_step"].expand(n).unsqueeze(1)
+
+    def store_hidden(self, row_hidden: torch.Tensor, n: int) -> None:
+        """The draft hidden states become the next step's hidden input."""
+        self.buffers["hidden_states"][:n].copy_(row_hidden)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pandas as pd
+import torch
 
 DRAFT_COLUMNS = ["step", "req_id", "draft_index", "position", "draft_token", "draft_logprob",
                  "target_token", "target_logprob", "top5_tokens", "top5_logprobs", "accepted",
@@ -12,6 +13,7 @@ DRAFT_COLUMNS = ["step", "req_id", "draft_index", "position", "draft_token", "dr
 TOKEN_COLUMNS = ["req_id", "step", "output_index", "position", "token", "logprob"]
 FORWARD_COLUMNS = ["step", "phase", "draft_step", "runtime_mode", "num_tokens", "num_reqs",
                    "num_tokens_padded", "num_reqs_padded"]
+TOP_K = 5
 
 
 @dataclass
@@ -26,6 +28,46 @@ class Records:
             "tokens": pd.DataFrame(self.tokens, columns=TOKEN_COLUMNS),
             "forwards": pd.DataFrame(self.forwards, columns=FORWARD_COLUMNS),
         }
+
+    def log_forward(self, step: int, dispatch, draft_step: int | None) -> None:
+        d = dispatch
+        self.forwards.append({
+            "step": step, "phase": d.phase, "draft_step": draft_step, "runtime_mode": d.runtime_mode,
+            "num_tokens": d.num_tokens, "num_reqs": d.num_reqs,
+            "num_tokens_padded": d.num_tokens_padded, "num_reqs_padded": d.num_reqs_padded,
+        })
+
+    def record_step(self, step: int, rows, starts: list[int], emitted, verified, logits: torch.Tensor,
+                    k: int) -> None:
+        """The emitted tokens (with the target's logprob) and every verified draft of one step."""
+        logprobs = torch.log_softmax(logits[: starts[-1]].float(), dim=-1)
+        top_lp, top_ids = logprobs.topk(TOP_K, dim=-1)
+        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+        for i, row in enumerate(rows):
+            req = row.request
+            tokens, accepted = emitted[i]
+            base = len(req.tokens) - len(tokens)           # position of the first emitted token
+            first_index = base - len(req.prompt)
+            tokens = tokens[: max(0, req.max_tokens - first_index)]
+            query_index = starts[i] if not row.is_prefill else starts[i + 1] - 1
+            for j, tok in enumerate(tokens):
+                self.tokens.append({
+                    "req_id": req.req_id, "step": step, "output_index": first_index + j,
+                    "position": base + j, "token": tok,
+                    "logprob": float(logprobs[query_index + j, tok]),
+                })
+            if row.is_prefill or k == 0:
+                continue
+            draft_tokens, draft_logprobs = verified[i]
+            for j in range(k):
+                q = starts[i] + j
+                self.drafts.append({
+                    "step": step, "req_id": req.req_id, "draft_index": j, "position": base + j,
+                    "draft_token": draft_tokens[j], "draft_logprob": draft_logprobs[j],
+                    "target_token": top_ids[q][0], "target_logprob": top_lp[q][0],
+                    "top5_tokens": top_ids[q], "top5_logprobs": top_lp[q],
+                    "accepted": j < accepted, "num_accepted": accepted,
+                })
 
 
 @dataclass

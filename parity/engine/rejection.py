@@ -115,31 +115,7 @@ def rejection_sample(
     else:
         if draft_probs is None:
             raise ValueError("rejection_sample: draft_probs is required when temperature > 0")
-        p = torch.softmax(target_logits.to(torch.float32) / temperature, dim=-1)  # [R, K+1, V]
-        q = draft_probs.to(torch.float32)  # [R, K, V]
-        V = p.shape[-1]
-        valid = (draft_tokens >= 0) & (draft_tokens < V)  # a PAD draft is never accepted
-        d = draft_tokens.clamp(0, V - 1)[..., None]
-        p_d = p[:, :K].gather(-1, d).squeeze(-1).to(torch.float64)  # p_i(d_i)
-        q_d = q.gather(-1, d).squeeze(-1).to(torch.float64)  # q_i(d_i)
-
-        # Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)):  u <= p/q,
-        # written u * q <= p to avoid dividing by q; p == 0 never accepts.
-        u = uniform(seed, req, pos[:, :K], STREAM_ACCEPT, dtype=torch.float64)
-        accept = valid & (p_d > 0) & (u * q_d <= p_d)
-
-        # On rejection at i, emit a sample of the residual norm(max(p_i - q_i, 0)):
-        # q(x) min(1, p/q) + (1 - sum_y min(p, q)) residual(x) = p(x), so the
-        # emitted token is distributed exactly as p_i. If the residual is all
-        # zeros (p <= q everywhere, i.e. p == q up to rounding) fall back to p_i.
-        # Gumbel-max needs no normalisation: log of the unnormalised weights.
-        resid = (p[:, :K] - q).clamp_min(0.0)
-        resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, p[:, :K])
-        recovered = sample_categorical(resid.log(), seed, req, pos[:, :K], STREAM_RECOVER)
-
-        # All K accepted: the bonus token is a plain sample of p_K.
-        bonus = sample_categorical(p[:, K].log(), seed, req[:, 0], pos[:, K], STREAM_BONUS)
-        candidates = torch.cat([recovered, bonus[:, None]], dim=1)  # [R, K+1]
+        accept, candidates = _stochastic(draft_tokens, draft_probs, target_logits, temperature, seed, req, pos)
 
     # Acceptance stops at the first rejection: n = length of the all-true prefix.
     num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [R]
@@ -147,3 +123,33 @@ def rejection_sample(
     drafts = torch.cat([draft_tokens, draft_tokens.new_full((R, 1), PAD)], dim=1)
     out = torch.where(idx < n, drafts, torch.where(idx == n, candidates, PAD))
     return out, num_accepted
+
+
+def _stochastic(draft_tokens, draft_probs, target_logits, temperature: float, seed: int, req, pos):
+    """(accepted [R, K] bool, candidates [R, K+1]) of the stochastic rule."""
+    K = draft_tokens.shape[1]
+    p = torch.softmax(target_logits.to(torch.float32) / temperature, dim=-1)  # [R, K+1, V]
+    q = draft_probs.to(torch.float32)  # [R, K, V]
+    V = p.shape[-1]
+    valid = (draft_tokens >= 0) & (draft_tokens < V)  # a PAD draft is never accepted
+    d = draft_tokens.clamp(0, V - 1)[..., None]
+    p_d = p[:, :K].gather(-1, d).squeeze(-1).to(torch.float64)  # p_i(d_i)
+    q_d = q.gather(-1, d).squeeze(-1).to(torch.float64)  # q_i(d_i)
+
+    # Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)):  u <= p/q,
+    # written u * q <= p to avoid dividing by q; p == 0 never accepts.
+    u = uniform(seed, req, pos[:, :K], STREAM_ACCEPT, dtype=torch.float64)
+    accept = valid & (p_d > 0) & (u * q_d <= p_d)
+
+    # On rejection at i, emit a sample of the residual norm(max(p_i - q_i, 0)):
+    # q(x) min(1, p/q) + (1 - sum_y min(p, q)) residual(x) = p(x), so the
+    # emitted token is distributed exactly as p_i. If the residual is all
+    # zeros (p <= q everywhere, i.e. p == q up to rounding) fall back to p_i.
+    # Gumbel-max needs no normalisation: log of the unnormalised weights.
+    resid = (p[:, :K] - q).clamp_min(0.0)
+    resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, p[:, :K])
+    recovered = sample_categorical(resid.log(), seed, req, pos[:, :K], STREAM_RECOVER)
+
+    # All K accepted: the bonus token is a plain sample of p_K.
+    bonus = sample_categorical(p[:, K].log(), seed, req[:, 0], pos[:, K], STREAM_BONUS)
+    return accept, torch.cat([recovered, bonus[:, None]], dim=1)  # [R, K+1]

@@ -8,26 +8,37 @@ from parity.engine.buffers import InputBuffers, register_attention_buffers
 from parity.engine.config import EngineConfig
 from parity.engine.kv_cache import PagedKVCache
 from parity.engine.metadata import MetadataBuilder
-from parity.graphs.context import current_metadata
+from parity.engine.owner import Forward, Owner
 
 
-class TargetRunner:
-    def __init__(self, model, config: EngineConfig, device: torch.device):
+class TargetRunner(Owner):
+    name = "target"
+
+    def __init__(self, model, config: EngineConfig, device: torch.device,
+                 builder_class: type[MetadataBuilder] = MetadataBuilder):
+        super().__init__()
         self.model = model
+        self.config = config
         mc = model.config
-        self.buffers = InputBuffers("target", device)
+        self.buffers = InputBuffers(self.name, device)
         register_attention_buffers(self.buffers, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.blocks_per_seq)
         head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
         self.kv_cache = PagedKVCache(mc.num_hidden_layers, config.num_blocks, config.block_size,
                                      mc.num_key_value_heads, head_dim, model.lm_head.weight.dtype, device)
-        self.builder = MetadataBuilder(self.buffers, self.kv_cache, config.block_size, config.max_model_len,
-                                       config.sliding_window, config.sliding_window_layers, config.faults)
+        self.builder = builder_class(self.buffers, self.kv_cache, config.block_size, config.max_model_len,
+                                     config.sliding_window, config.sliding_window_layers)
 
-    def forward(self, num_tokens_padded: int, num_reqs_padded: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forwards(self) -> tuple[Forward, ...]:
+        return (Forward("verify", self.verify, self.config.max_num_batched_tokens,
+                        self.config.num_speculative_tokens + 1),)
+
+    def decoder_layers(self) -> list[torch.nn.Module]:
+        return list(self.model.decoder_layers())
+
+    def verify(self, num_tokens_padded: int, num_reqs_padded: int, meta) -> tuple[torch.Tensor, torch.Tensor]:
         """Verify / prefill forward over the buffers: (logits [T, V] fp32, drafter features [T, *])."""
         b = self.buffers
-        meta = current_metadata()
         t = num_tokens_padded
         hidden, aux = self.model(b["input_ids"][:t], b["positions"][:t], meta)
         logits = self.model.logits(hidden)

@@ -1,9 +1,9 @@
 """The catalog of injectable bugs.
 
-Each fault is a named switch that changes the engine the way a real bug did;
-the engine reads `EngineConfig.faults` at the fault's site, and nothing in the
-analysis ever reads it: the harness must find a fault the way it finds a
-user's bug. `manifests_in` lists the modes where the fault shows on its home
+Each fault is a named change to the engine the way a real bug did it
+(`mutations.py`: a subclass overriding one step of one engine part, or a
+capture-policy value); the engine and the harness receive the changed parts,
+never the names: the harness must find a fault the way it finds a user's bug. `manifests_in` lists the modes where the fault shows on its home
 scenario with the embedded pair (the mutation test checks exactly that, and
 `parity faults list` prints it); the detector never reads it. Some faults can
 show in more modes on other workloads: padding leaks need stale entries that
@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, PADDING_LEAK, POOL_ALIAS,
+                                   STALE_BUFFER)
 from parity.errors import ParityInputError
+from parity.graphs.modes import EAGER, MODES
 
-GRAPH_MODES = ("piecewise", "full", "full_decode_only", "full_and_piecewise")
-FULL_MODES = ("full", "full_decode_only", "full_and_piecewise")
+GRAPH_MODES = tuple(m for m in MODES if m != EAGER)
+FULL_MODES = tuple(m for m in GRAPH_MODES if m.startswith("full"))
 
 
 @dataclass(frozen=True)
@@ -35,35 +38,35 @@ class Fault:
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
-    Fault("reassign-seq-lens", "BUFFER_REASSIGNED", ("seq_lens",), "MetadataBuilder.build", "000, 002",
+    Fault("reassign-seq-lens", BUFFER_REASSIGNED, ("seq_lens",), "MetadataBuilder.write", "000, 002",
           "default", FULL_MODES,
           "the builder rebinds seq_lens to a new tensor instead of copying into the buffer"),
-    Fault("reassign-query-start-loc", "BUFFER_REASSIGNED", ("query_start_loc",), "MetadataBuilder.build (drafter)",
+    Fault("reassign-query-start-loc", BUFFER_REASSIGNED, ("query_start_loc",), "MetadataBuilder.write (drafter)",
           "002", "default", FULL_MODES,
           "the drafter's query_start_loc is built into a fresh tensor every step"),
-    Fault("stale-slot-mapping", "STALE_BUFFER", ("slot_mapping",), "MetadataBuilder.advance_draft_step", "001",
+    Fault("stale-slot-mapping", STALE_BUFFER, ("slot_mapping",), "MetadataBuilder.store_slots", "001",
           "default", FULL_MODES,
           "between draft decode steps the new slots reach the metadata object but not the captured buffer"),
-    Fault("stale-block-table", "STALE_BUFFER", ("block_table",), "MetadataBuilder.build", "001",
+    Fault("stale-block-table", STALE_BUFFER, ("block_table",), "MetadataBuilder.store_block_table", "001",
           "default", FULL_MODES,
           "a request's block-table row is copied only when first seen, not after a new block is allocated"),
-    Fault("frozen-draft-step", "FROZEN_AT_CAPTURE", ("draft_step",), "EagleProposer._emit", "001",
+    Fault("frozen-draft-step", FROZEN_AT_CAPTURE, ("draft_step",), "EagleProposer.draft_column", "001",
           "default", GRAPH_MODES,
           "the draft step index reaches the captured step as a Python int"),
-    Fault("frozen-window-state", "FROZEN_AT_CAPTURE", ("window_start_host",), "paged_attention (sliding window)",
+    Fault("frozen-window-state", FROZEN_AT_CAPTURE, ("window_start_host",), "MetadataBuilder.make_view (sliding window)",
           "001", "s001-multistep-draft", ("full", "full_and_piecewise", "full_decode_only"),
           "the sliding-window start (position-dependent builder state) is handed over as Python values"),
-    Fault("padded-rows-unmasked", "PADDING_LEAK", ("slot_mapping",), "MetadataBuilder.build", "002",
+    Fault("padded-rows-unmasked", PADDING_LEAK, ("slot_mapping",), "MetadataBuilder.padding", "002",
           "default", GRAPH_MODES,
           "padded rows keep stale entries (num_reqs used where num_reqs_padded is needed)"),
-    Fault("shared-pool-alias", "POOL_ALIAS", ("logits",), "graph capture (drafter pool)", "004",
+    Fault("shared-pool-alias", POOL_ALIAS, ("logits",), "CapturePolicy.shared_drafter_pool", "004",
           "s004-dedicated-pool", GRAPH_MODES,
           "the drafter captures into the target's pool, whose outputs are held weakly"),
-    Fault("capture-without-metadata", "CAPTURE_CONTEXT", ("query_start_loc", "seq_lens", "slot_mapping",
+    Fault("capture-without-metadata", CAPTURE_CONTEXT, ("query_start_loc", "seq_lens", "slot_mapping",
                                                           "block_table"),
-          "graph capture (drafter context)", "000", "default", FULL_MODES,
+          "CapturePolicy.detached_capture_metadata", "000", "default", FULL_MODES,
           "the drafter's graphs are captured with dummy metadata that replay never refreshes"),
-    Fault("hidden-states-not-copied", "STALE_BUFFER", ("hidden_states",), "EagleProposer.after_forward", "001",
+    Fault("hidden-states-not-copied", STALE_BUFFER, ("hidden_states",), "EagleProposer.store_hidden", "001",
           "default", GRAPH_MODES,
           "the draft hidden-state update is left outside the captured step"),
 ]}

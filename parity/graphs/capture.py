@@ -5,16 +5,20 @@ ended, attention runs eagerly, and the next segment begins. At replay each
 attention runs eagerly between segments on the captured q/k/v and reads the
 *live* metadata of the forward context, writing into the static output the
 next segment reads. Works the same on the cuda and emulated backends.
+
+The metadata travels explicitly: `fn(meta)` at capture, `replay(meta)` after;
+a FULL graph ignores the replay's metadata (it reads what it captured), a
+PIECEWISE graph hands it to every eager attention call.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
-from parity.graphs.context import ATTENTION_SPLIT, current_metadata
-from parity.models.paged_attention import attention_core
+from parity.models.paged_attention import attention_core, split_at_attention
 
 
 @dataclass
@@ -38,13 +42,13 @@ class CapturedGraph:
     def read_storages(self) -> set[int]:
         return set().union(*(s.read_storages for s in self.segments))
 
-    def replay(self) -> tuple:
+    def replay(self, meta=None) -> tuple:
+        """Replay every piece; PIECEWISE attention runs eagerly on `meta`, the live metadata."""
         for i, segment in enumerate(self.segments):
             segment.replay()
             if i < len(self.calls):
                 call = self.calls[i]
-                live = current_metadata()
-                call.out.copy_(attention_core(call.module, call.query, call.key, call.value, call.scaling, live))
+                call.out.copy_(attention_core(call.module, call.query, call.key, call.value, call.scaling, meta))
         return self.outputs
 
 
@@ -63,16 +67,13 @@ def capture(backend, pool, fn, piecewise: bool, weak_outputs: bool = True) -> Ca
         state["handle"] = backend.begin(pool)
         return out
 
-    token = ATTENTION_SPLIT.set(split) if piecewise else None
     try:
-        outputs = tuple(fn())
+        with split_at_attention(split) if piecewise else contextlib.nullcontext():
+            outputs = tuple(fn())
     except BaseException:
         if state["handle"] is not None:
             backend.abort(state["handle"])
         raise
-    finally:
-        if token is not None:
-            ATTENTION_SPLIT.reset(token)
     segments.append(backend.end(state["handle"]))
     outputs = backend.finish(pool, outputs, segments, weak_outputs)
     return CapturedGraph("piecewise" if piecewise else "full", segments, calls, outputs)

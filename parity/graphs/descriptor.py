@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The forwards of one engine step: the target's verify, the drafter's prefill and decode steps.
 PHASES = ("verify", "draft_prefill", "draft_step")
 
 
@@ -45,5 +46,5 @@ class EagerExecutor:
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return eager_dispatch(phase, num_tokens, num_reqs)
 
-    def execute(self, dispatch: Dispatch, fn):
-        return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded)
+    def execute(self, dispatch: Dispatch, fn, meta):
+        return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)

@@ -1,120 +1,106 @@
-"""Executors for a mode: eager, or graph executors on a backend, captured at start-up."""
+"""Install a mode's executors on an engine: eager, graphs captured at start-up, or the padded reference.
+
+The engine is reached only through its owners (`engine.owners()`): each owner
+names its buffers, KV cache, forwards (phase, function, largest batch, uniform
+query length) and the inert metadata its graphs are captured with, and holds
+the executor its forwards run through.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from parity.errors import ParityInputError
+from parity.graphs.cuda import CudaBackend
 from parity.graphs.descriptor import EagerExecutor
 from parity.graphs.dispatcher import Dispatcher
+from parity.graphs.emulated import EmulatedBackend
 from parity.graphs.manager import GraphExecutor, PaddedEagerExecutor, restore_tensors, snapshot_tensors
-from parity.graphs.modes import MODES, default_capture_sizes, validate_capture_sizes
+from parity.graphs.modes import EAGER, MODES, default_capture_sizes, validate_capture_sizes
+from parity.graphs.policy import CapturePolicy
 
 
 def make_backend(name: str, device: torch.device):
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ParityInputError("--backend cuda: CUDA is not available on this machine")
-        from parity.graphs.cuda import CudaBackend
         return CudaBackend(device)
     if name == "emulated":
-        from parity.graphs.emulated import EmulatedBackend
         return EmulatedBackend(device)
     raise ParityInputError(f"unknown backend {name!r} (known: cuda, emulated)")
 
 
-def dispatchers(engine, mode: str, drafter_mode: str | None, capture_sizes) -> tuple[Dispatcher, Dispatcher]:
-    cfg = engine.config
+def owner_modes(engine, mode: str, drafter_mode: str | None) -> dict[str, str]:
+    """The mode of each owner: the drafter follows the target unless told otherwise."""
     for m in (mode, drafter_mode or mode):
         if m not in MODES:
             raise ParityInputError(f"unknown mode {m!r} (known: {', '.join(MODES)})")
+    return {o.name: (mode if o.name == "target" else drafter_mode or mode) for o in engine.owners()}
+
+
+def dispatcher_for(engine, owner, mode: str, capture_sizes) -> Dispatcher:
+    cfg = engine.config
     sizes = validate_capture_sizes(capture_sizes) if capture_sizes is not None \
         else default_capture_sizes(cfg.max_num_batched_tokens)
-    q = cfg.num_speculative_tokens + 1
-    target = Dispatcher(mode, sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens, {"verify": q})
-    drafter = Dispatcher(drafter_mode or mode, sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                         {"draft_prefill": q, "draft_step": 1})
-    return target, drafter
+    uniform = {f.phase: f.uniform_query_len for f in owner.forwards()}
+    return Dispatcher(mode, sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens, uniform)
 
 
 def install_padded_reference(engine, mode: str, capture_sizes=None, drafter_mode: str | None = None) -> None:
     """Make `engine` the strict reference of `mode`: same padding, eager execution."""
-    target, drafter = dispatchers(engine, mode, drafter_mode, capture_sizes)
-    engine.target_executor = PaddedEagerExecutor(target)
-    engine.drafter_executor = PaddedEagerExecutor(drafter)
+    for owner in engine.owners():
+        owner_mode = owner_modes(engine, mode, drafter_mode)[owner.name]
+        owner.executor = PaddedEagerExecutor(dispatcher_for(engine, owner, owner_mode, capture_sizes))
 
 
 def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, drafter_mode: str | None = None,
-                   shared_drafter_pool: bool = False, weak_outputs: bool = True) -> dict:
+                   policy: CapturePolicy = CapturePolicy()) -> dict:
     """Capture every graph `mode` needs on `engine` and install the executors; returns a summary."""
-    if mode == "eager" and (drafter_mode or "eager") == "eager":
-        engine.target_executor = EagerExecutor()
-        engine.drafter_executor = EagerExecutor()
+    modes = owner_modes(engine, mode, drafter_mode)
+    if all(m == EAGER for m in modes.values()):
+        for owner in engine.owners():
+            owner.executor = EagerExecutor()
         return {}
     backend = make_backend(backend_name, engine.device)
-    target_disp, drafter_disp = dispatchers(engine, mode, drafter_mode, capture_sizes)
-    cfg = engine.config
-    faults = cfg.faults
-    if "shared-pool-alias" in faults:
-        # FAULT: the drafter captures into the target's pool.
-        shared_drafter_pool = True
-    target_pool = backend.new_pool("target")
-    drafter_pool = target_pool if shared_drafter_pool else backend.new_pool("drafter")
-    registries = [engine.target.buffers] + ([engine.proposer.buffers] if engine.proposer else [])
+    owners = engine.owners()
+    state = [t for o in owners for t in o.state_tensors()]
+    snapshot = lambda: snapshot_tensors(state)  # noqa: E731
+    restore = lambda saved: restore_tensors(state, saved)  # noqa: E731
+    pools = {"target": backend.new_pool("target")}
+    pools["drafter"] = pools["target"] if policy.shared_drafter_pool else backend.new_pool("drafter")
+    counts = {}
+    for owner in owners:
+        dispatcher = dispatcher_for(engine, owner, modes[owner.name], capture_sizes)
+        executor = GraphExecutor(owner.name, modes[owner.name], backend, pools[owner.name], dispatcher,
+                                 [owner.buffers], policy.weak_outputs)
+        capture_metadata = _capture_metadata(owner, executor, policy)
+        for forward in owner.forwards():
+            counts[forward.phase] = executor.capture_phase(forward.phase, forward.fn, capture_metadata,
+                                                           forward.max_tokens, snapshot, restore)
+        owner.executor = executor
+    target_dispatcher = engine.owner("target").executor.dispatcher
+    return {"backend": backend.name, "capture_sizes": list(target_dispatcher.token_sizes),
+            "request_sizes": list(target_dispatcher.req_sizes), "drafter_mode": drafter_mode or mode,
+            "shared_drafter_pool": policy.shared_drafter_pool, "graphs": counts}
 
-    def live_tensors():
-        tensors = [t for r in registries for _, t in r.items()] + engine.target.kv_cache.tensors()
-        if engine.proposer:
-            tensors += engine.proposer.kv_cache.tensors()
-        return tensors
 
-    snapshot = lambda: (live_tensors(), snapshot_tensors(live_tensors()))  # noqa: E731
-    restore = lambda saved: restore_tensors(*saved)  # noqa: E731
+def _capture_metadata(owner, executor: GraphExecutor, policy: CapturePolicy):
+    if owner.name not in policy.detached_capture_metadata:
+        return owner.capture_metadata
 
-    target_exec = GraphExecutor("target", mode, backend, target_pool, target_disp, registries[:1], weak_outputs)
-    target_dummy = lambda phase, t, r: engine.target.builder.build_dummy(t, r)  # noqa: E731
-    counts = {"verify": target_exec.capture_phase("verify", engine.target.forward, target_dummy,
-                                                  cfg.max_num_batched_tokens, snapshot, restore)}
-    engine.target_executor = target_exec
-    summary = {"backend": backend.name, "capture_sizes": list(target_disp.token_sizes),
-               "request_sizes": list(target_disp.req_sizes), "drafter_mode": drafter_mode or mode,
-               "shared_drafter_pool": shared_drafter_pool}
-    if engine.proposer is not None:
-        proposer = engine.proposer
-        drafter_exec = GraphExecutor("drafter", drafter_mode or mode, backend, drafter_pool, drafter_disp,
-                                     registries[1:], weak_outputs)
-
-        def drafter_dummy(phase, t, r):
-            meta = proposer.builder.build_dummy(t, r)
-            if "capture-without-metadata" in faults:
-                # FAULT: capture runs with placeholder metadata, not views of the buffers.
-                # NOTE: the placeholders are kept alive, as a dummy-metadata builder keeps
-                # its buffers: a CUDA graph does not own what it reads, and freed
-                # placeholders would turn a wrong-value bug into out-of-bounds reads.
-                meta = detached_copy(meta)
-                drafter_exec.placeholders.append(meta)
-            proposer.buffers["sample_indices"].zero_()
-            proposer.buffers["draft_step"].zero_()
-            return meta
-
-        counts["draft_prefill"] = drafter_exec.capture_phase(
-            "draft_prefill", proposer.prefill_forward, drafter_dummy, cfg.max_num_batched_tokens, snapshot, restore)
-        counts["draft_step"] = drafter_exec.capture_phase(
-            "draft_step", proposer.step_forward, drafter_dummy, cfg.max_num_seqs, snapshot, restore)
-        engine.drafter_executor = drafter_exec
-    summary["graphs"] = counts
-    return summary
+    def detached(num_tokens: int, num_reqs: int):
+        # NOTE: the placeholders are kept alive, as a dummy-metadata builder keeps its
+        # buffers: a CUDA graph does not own what it reads, and freed placeholders
+        # would turn a wrong-value bug into out-of-bounds reads.
+        meta = detached_copy(owner.capture_metadata(num_tokens, num_reqs))
+        executor.placeholders.append(meta)
+        return meta
+    return detached
 
 
 def detached_copy(meta):
     """The same metadata values in fresh tensors that nothing will ever update."""
-    import dataclasses
-
     fields = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)}
     return type(meta)(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in fields.items()})
-
-
-def build_executors(engine, mode: str, backend: str, scenario, faults=()) -> dict:
-    """Install the executors a scenario asks for in `mode`."""
-    return install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode,
-                          scenario.shared_drafter_pool)

@@ -7,16 +7,16 @@ buffers and KV caches are snapshotted before and restored after.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from parity.graphs.capture import CapturedGraph, capture
-from parity.graphs.context import forward_context
 from parity.graphs.descriptor import Dispatch
 from parity.graphs.dispatcher import Dispatcher
-from parity.graphs.manifest import audit, build_manifest
-from parity.graphs.modes import EAGER
+from parity.graphs.manifest import build_manifest
+from parity.graphs.modes import EAGER, PIECEWISE
 
 
 @dataclass
@@ -47,13 +47,16 @@ class GraphExecutor:
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
 
-    def execute(self, dispatch: Dispatch, fn):
-        if dispatch.runtime_mode == EAGER:
-            return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded)
-        entry = self.graphs[(dispatch.phase, dispatch.runtime_mode, dispatch.descriptor)]
-        return entry.graph.replay()
+    def entry(self, dispatch: Dispatch) -> GraphEntry:
+        """The captured graph a (non-eager) dispatch replays."""
+        return self.graphs[(dispatch.phase, dispatch.runtime_mode, dispatch.descriptor)]
 
-    def capture_phase(self, phase: str, fn, dummy_metadata, max_tokens: int, snapshot, restore) -> int:
+    def execute(self, dispatch: Dispatch, fn, meta):
+        if dispatch.runtime_mode == EAGER:
+            return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
+        return self.entry(dispatch).graph.replay(meta)
+
+    def capture_phase(self, phase: str, fn, capture_metadata, max_tokens: int, snapshot, restore) -> int:
         """Capture every graph `phase` can dispatch to; returns how many."""
         count = 0
         for runtime, descriptor, num_tokens, num_reqs in self.dispatcher.capture_plan(phase, max_tokens):
@@ -62,13 +65,13 @@ class GraphExecutor:
                 continue
             saved = snapshot()
             try:
-                meta = dummy_metadata(phase, num_tokens, num_reqs)
-                body = lambda t=num_tokens, r=num_reqs: fn(t, r)  # noqa: E731
+                meta = capture_metadata(num_tokens, num_reqs)
+                body = lambda t=num_tokens, r=num_reqs, m=meta: fn(t, r, m)  # noqa: E731
                 # Inference, as in a serving engine: no autograd graph keeps
                 # temporaries alive, so the pool sees the frees a real capture sees.
-                with forward_context(meta), torch.no_grad():
+                with torch.no_grad():
                     self.backend.warmup(body)
-                    graph = capture(self.backend, self.pool, body, piecewise=runtime == "piecewise",
+                    graph = capture(self.backend, self.pool, body, piecewise=runtime == PIECEWISE,
                                     weak_outputs=self.weak_outputs)
             finally:
                 restore(saved)
@@ -77,21 +80,9 @@ class GraphExecutor:
             count += 1
         return count
 
-    def audit(self, dispatch: Dispatch) -> list:
-        entry = self.graphs.get((dispatch.phase, dispatch.runtime_mode, dispatch.descriptor))
-        return audit(entry.manifest, self.registries) if entry else []
-
-    def summary(self) -> dict:
-        return {
-            "graphs": len(self.graphs),
-            "by_runtime": {rt: sum(1 for (_, r, _) in self.graphs if r == rt) for rt in ("piecewise", "full")},
-        }
-
 
 def python_fields(meta) -> dict:
     """The non-tensor values a metadata object carries (what a graph would bake in)."""
-    import dataclasses
-
     return {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)
             if not isinstance(getattr(meta, f.name), torch.Tensor) and f.name != "kv_cache"}
 
@@ -106,8 +97,8 @@ class PaddedEagerExecutor:
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
 
-    def execute(self, dispatch: Dispatch, fn):
-        return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded)
+    def execute(self, dispatch: Dispatch, fn, meta):
+        return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
 
 
 def snapshot_tensors(tensors: list[torch.Tensor]):

@@ -58,6 +58,9 @@ class Eagle1Head(nn.Module):
     def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(draft_hidden).float()
 
+    def decoder_layers(self) -> list[nn.Module]:
+        return list(self.layers)
+
     def head_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights in the published EAGLE-1 layout (shared tensors left out)."""
         return {k: v for k, v in self.state_dict().items()

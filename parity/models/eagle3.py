@@ -172,6 +172,9 @@ class Eagle3Head(nn.Module):
     def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(draft_hidden))
 
+    def decoder_layers(self) -> list[nn.Module]:
+        return [self.midlayer]
+
     def head_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights in the published EAGLE-3 layout (the shared embeddings left out)."""
         out = {}

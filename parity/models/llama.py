@@ -66,6 +66,9 @@ class TargetModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.hf.lm_head(hidden).float()
 
+    def decoder_layers(self) -> list[nn.Module]:
+        return list(self.hf.model.layers[: self.config.num_hidden_layers])
+
 
 def build_target(config: LlamaConfig, aux_layers: tuple[int, ...] = ()) -> TargetModel:
     """A randomly initialised target for `config`, in eval mode."""

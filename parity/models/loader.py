@@ -26,127 +26,33 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from parity.errors import ParityInputError
+from parity.models.checkpoint import (IGNORED_SUFFIXES, assign_weights, check_keys, checkpoint_dir, expected_keys, one_line,
+                                      read_config, read_weights)
 from parity.models.eagle1 import Eagle1Head
 from parity.models.eagle3 import INTERNAL_NAMES, Eagle3Head, aux_layer_ids, draft_vocab_size
 from parity.models.llama import TargetModel, paged_config
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
-                "pytorch_model.bin", "pytorch_model.bin.index.json")
-# Keys some checkpoints carry that are recomputed, never loaded.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 TOKENIZER_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "clean_up_tokenization_spaces",
                    "model_max_length", "chat_template")
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def _directory(path) -> Path:
-    path = Path(path)
-    if not path.is_dir():
-        raise ParityInputError(f"{path}: model directory not found")
-    return path
-
-
-def read_config(path: Path, model_types: tuple[str | None, ...] | None = None) -> LlamaConfig:
-    """The LlamaConfig in `path/config.json`; `model_types` lists accepted `model_type` values."""
-    file = path / "config.json"
-    if not file.is_file():
-        raise ParityInputError(f"{file}: missing (expected a Hugging Face config.json)")
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ParityInputError(f"{file}: not valid JSON ({_one_line(exc)})") from None
-    if not isinstance(raw, dict):
-        raise ParityInputError(f"{file}: expected a JSON object, got {type(raw).__name__}")
-    for key in ("hidden_size", "num_attention_heads", "vocab_size"):
-        if not isinstance(raw.get(key), int):
-            raise ParityInputError(f"{file}: missing or invalid integer '{key}'")
-    if model_types is not None and raw.get("model_type") not in model_types:
-        raise ParityInputError(f"{file}: model_type {raw.get('model_type')!r} is not supported "
-                               f"(expected {' or '.join(repr(t) for t in model_types if t)})")
-    try:
-        return LlamaConfig.from_dict(raw)
-    except Exception as exc:  # noqa: BLE001 - any config error is bad input
-        raise ParityInputError(f"{file}: invalid LlamaConfig ({_one_line(exc)})") from None
-
-
-def _load_file(file: Path) -> dict[str, torch.Tensor]:
-    if not file.is_file():
-        raise ParityInputError(f"{file}: missing")
-    try:
-        if file.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            return load_file(str(file))
-        state = torch.load(str(file), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated or corrupt files raise many types
-        raise ParityInputError(f"{file}: unreadable or corrupt weights ({_one_line(exc)})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ParityInputError(f"{file}: expected a dict of tensors")
-    return state
-
-
-def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Path]:
-    """All tensors of the checkpoint in `path`, and the file (or index) they came from."""
-    for name in WEIGHT_FILES:
-        file = path / name
-        if not file.is_file():
-            continue
-        if not name.endswith(".index.json"):
-            return _load_file(file), file
-        try:
-            weight_map = json.loads(file.read_text())["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except Exception as exc:  # noqa: BLE001
-            raise ParityInputError(f"{file}: invalid shard index ({_one_line(exc)})") from None
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(_load_file(path / shard))
-        return state, file
-    raise ParityInputError(f"{path}: no weights found (expected one of {', '.join(WEIGHT_FILES)})")
-
-
-def _check_keys(state: dict[str, torch.Tensor], expected: dict[str, torch.Size], file: Path) -> None:
-    missing = [k for k in expected if k not in state]
-    if missing:
-        raise ParityInputError(f"{file}: {len(missing)} missing keys (e.g. {', '.join(missing[:3])})")
-    unexpected = [k for k in state if k not in expected]
-    if unexpected:
-        raise ParityInputError(f"{file}: {len(unexpected)} unexpected keys (e.g. {', '.join(unexpected[:3])})")
-    for key, shape in expected.items():
-        if state[key].shape != shape:
-            raise ParityInputError(f"{file}: shape mismatch for {key}: expected {tuple(shape)}, "
-                                   f"got {tuple(state[key].shape)}")
-
-
-def _assign(module: nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
-    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
-    module.load_state_dict(state, strict=True, assign=True)
-
-
-def _expected(module: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, torch.Size]:
-    # NOTE: rotary buffers are non-persistent, so state_dict() holds exactly the loadable weights.
-    return {k: v.shape for k, v in module.state_dict().items() if not k.startswith(skip)}
-
-
 def load_target(path, dtype: torch.dtype = torch.float32, aux_layers: tuple[int, ...] = ()) -> TargetModel:
     """A `TargetModel` (paged attention, eval mode) from a LlamaForCausalLM checkpoint directory."""
-    path = _directory(path)
+    path = checkpoint_dir(path)
     config = read_config(path, model_types=("llama",))
     _check_aux_layers(aux_layers, config.num_hidden_layers, path / "config.json")
     state, file = read_weights(path)
-    state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
     tied = bool(config.tie_word_embeddings)
     if tied:
         # NOTE: transformers ignores a stored lm_head when embeddings are tied; so do we.
         state.pop("lm_head.weight", None)
     with torch.device("meta"):
         model = LlamaForCausalLM(paged_config(config))
-    _check_keys(state, _expected(model, ("lm_head.",) if tied else ()), file)
+    check_keys(state, expected_keys(model, ("lm_head.",) if tied else ()), file)
     if tied:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    _assign(model, state, dtype)
+    assign_weights(model, state, dtype)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     # Non-persistent buffers (RoPE inverse frequencies) are still on meta: compute them.
@@ -190,11 +96,11 @@ def _head_kind(raw_config: dict, state: dict[str, torch.Tensor], file: Path) -> 
 
 def read_head(path) -> HeadCheckpoint:
     """Read a draft head's config.json and weights and tell its layout from them."""
-    path = _directory(path)
+    path = checkpoint_dir(path)
     config = read_config(path)
     raw = json.loads((path / "config.json").read_text())
     state, file = read_weights(path)
-    state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
     kind = _head_kind(raw, state, file)
     if kind == "eagle3" and "layers.0.hidden_norm.weight" in state:
         # Some converters write the EAGLE-3 layer as layers.0.*, as vLLM reads it.
@@ -263,8 +169,8 @@ def _build_eagle1(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype)
         state.pop(key, None)
     with torch.device("meta"):
         head = Eagle1Head(paged_config(config), fc_bias="fc.bias" in state)
-    _check_keys(state, _expected(head), file)
-    _assign(head, state, dtype)
+    check_keys(state, expected_keys(head), file)
+    assign_weights(head, state, dtype)
     head.rotary_emb = LlamaRotaryEmbedding(config)
     return head.share(target.embed_tokens, target.lm_head).eval()
 
@@ -322,8 +228,8 @@ def _build_eagle3(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype)
     _check_draft_vocab(state, draft_vocab, config.vocab_size, file)
     with torch.device("meta"):
         head = Eagle3Head(paged_config(config), target_hidden_size=target_hidden)
-    _check_keys(state, {k: v.shape for k, v in head.head_state_dict().items()}, file)
-    _assign(head, {INTERNAL_NAMES.get(k, k): v for k, v in state.items()}, dtype)
+    check_keys(state, {k: v.shape for k, v in head.head_state_dict().items()}, file)
+    assign_weights(head, {INTERNAL_NAMES.get(k, k): v for k, v in state.items()}, dtype)
     head.rotary_emb = LlamaRotaryEmbedding(config)
     if own_embed is None:
         return head.share(target.embed_tokens).eval()
@@ -336,7 +242,7 @@ def _build_eagle3(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype)
 
 def load_tokenizer(path) -> PreTrainedTokenizerFast:
     """The fast tokenizer in `path/tokenizer.json`, with special tokens from tokenizer_config.json."""
-    path = _directory(path)
+    path = checkpoint_dir(path)
     file = path / "tokenizer.json"
     if not file.is_file():
         raise ParityInputError(f"{file}: missing (expected a Hugging Face tokenizer.json)")
@@ -346,7 +252,7 @@ def load_tokenizer(path) -> PreTrainedTokenizerFast:
         try:
             raw = json.loads(config_file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ParityInputError(f"{config_file}: not valid JSON ({_one_line(exc)})") from None
+            raise ParityInputError(f"{config_file}: not valid JSON ({one_line(exc)})") from None
         for key in TOKENIZER_KEYS:
             value = raw.get(key)
             if isinstance(value, dict):  # serialised AddedToken
@@ -356,4 +262,4 @@ def load_tokenizer(path) -> PreTrainedTokenizerFast:
     try:
         return PreTrainedTokenizerFast(tokenizer_file=str(file), **kwargs)
     except Exception as exc:  # noqa: BLE001
-        raise ParityInputError(f"{file}: invalid tokenizer ({_one_line(exc)})") from None
+        raise ParityInputError(f"{file}: invalid tokenizer ({one_line(exc)})") from None

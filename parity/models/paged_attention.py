@@ -13,12 +13,27 @@ PIECEWISE graphs capture it unchanged.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 from transformers import AttentionInterface
 
-from parity.graphs.context import ATTENTION_SPLIT
-
 ATTN_IMPLEMENTATION = "parity_paged"
+
+# Set by a piecewise graph capture: called at every attention instead of attending,
+# so the capture can end its piece there (see parity/graphs/capture.py).
+_SPLIT_HOOK: contextvars.ContextVar = contextvars.ContextVar("parity_attention_split", default=None)
+
+
+@contextlib.contextmanager
+def split_at_attention(hook):
+    """Within this block every paged attention call is handed to `hook(module, q, k, v, scaling, meta)`."""
+    token = _SPLIT_HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _SPLIT_HOOK.reset(token)
 
 
 def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
@@ -51,7 +66,7 @@ def token_requests(meta, num_tokens: int) -> torch.Tensor:
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention interface entry: q [1, H, T, D], k/v [1, KVH, T, D] -> [1, T, H, D]."""
     meta = kwargs["paged"]
-    split = ATTENTION_SPLIT.get()
+    split = _SPLIT_HOOK.get()
     if split is not None:
         # A piecewise capture ends its piece here and runs attention eagerly.
         return split(module, query, key, value, scaling, meta), None
@@ -86,12 +101,7 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     valid = (j.unsqueeze(0) <= pos) & (j.unsqueeze(0) < meta.seq_lens[token_req].unsqueeze(1))
     window = meta.window_for_layer(layer)
     if window is not None:
-        start = meta.window_start
-        if meta.window_start_host is not None:
-            # FAULT frozen-window-state: the builder's position-dependent state handed
-            # over as a Python int, which a FULL graph bakes at capture.
-            start = torch.full_like(start, meta.window_start_host)
-        valid &= j.unsqueeze(0) >= start.unsqueeze(1)
+        valid &= j.unsqueeze(0) >= meta.window_starts().unsqueeze(1)
 
     scores = torch.einsum("thd,tlhd->thl", q.float(), k_ctx.float()) * scaling
     scores = scores.masked_fill(~valid.unsqueeze(1), float("-inf"))

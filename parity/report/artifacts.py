@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -10,14 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-
-def write_json(path: Path, data: dict) -> None:
-    """Write JSON to a temp file beside `path`, then rename over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=False, default=str)
-        handle.write("\n")
-    os.replace(tmp, path)
+from parity.report.atomic import write_json
 
 
 def records_frame(runs: dict, table: str) -> pd.DataFrame:

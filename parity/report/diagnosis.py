@@ -7,17 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-EXPLAIN = {
-    "BUFFER_REASSIGNED": "a metadata field was rebound to a new tensor; the graph keeps reading the old address",
-    "STALE_BUFFER": "the captured buffer is at the right address but was not refreshed before replay",
-    "FROZEN_AT_CAPTURE": "a Python value was baked into the graph at capture",
-    "PADDING_LEAK": "padded entries were not made inert and leak into real rows",
-    "POOL_ALIAS": "drafter temporaries share a graph pool with live target outputs",
-    "CAPTURE_CONTEXT": "the graph was captured with other metadata than the one replay refreshes",
-    "NUMERIC_NOISE": "different kernels for padded shapes: tiny deltas, no token change",
-    "UNKNOWN": "localised, but no buffer or captured value explains it",
-    "NONE": "no divergence found",
-}
+from parity.analysis.kinds import EXPLAIN, NONE, NUMERIC_NOISE, UNKNOWN
 
 
 def describe_where(d: dict) -> str:
@@ -31,8 +21,8 @@ def describe_where(d: dict) -> str:
 
 
 def diagnosis_panel(d: dict) -> Panel:
-    kind = d.get("kind", "UNKNOWN")
-    style = "green" if kind == "NONE" else ("yellow" if kind in ("NUMERIC_NOISE", "UNKNOWN") else "red")
+    kind = d.get("kind", UNKNOWN)
+    style = "green" if kind == NONE else ("yellow" if kind in (NUMERIC_NOISE, UNKNOWN) else "red")
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold")
     grid.add_column()

@@ -7,10 +7,6 @@ line is always the one-line verdict.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -136,17 +132,3 @@ def render_gate_markdown(report: dict, summary: dict | None = None) -> str:
     if summary is not None:
         text += "\n---\n\n" + render_markdown(summary)
     return text
-
-
-def write_text(path: str | Path, text: str) -> Path:
-    """Write text atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

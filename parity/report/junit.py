@@ -7,10 +7,10 @@ message, every check carries them in its system-out. Written atomically.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from parity.report.atomic import atomic_file
 
 
 def _classname(report: dict, check: dict) -> str:
@@ -51,13 +51,6 @@ def junit_tree(report: dict) -> ET.ElementTree:
 
 def write_junit(path: str | Path, report: dict) -> Path:
     """Write the JUnit XML of `report` to `path` (temp file in the same folder, then rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            junit_tree(report).write(handle, encoding="utf-8", xml_declaration=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_file(path, binary=True) as handle:
+        junit_tree(report).write(handle, encoding="utf-8", xml_declaration=True)
+    return Path(path)

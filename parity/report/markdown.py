@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity.report.diagnosis import EXPLAIN, describe_where
+from parity.report.atomic import write_text
+from parity.analysis.kinds import EXPLAIN, UNKNOWN
+from parity.report.diagnosis import describe_where
 
 TITLE = {"pass": "PASS", "drift": "DRIFT"}
 
@@ -101,7 +103,7 @@ def diagnosis_section(summary: dict) -> list[str]:
     d = summary.get("diagnosis")
     if not d:
         return []
-    kind = d.get("kind", "UNKNOWN")
+    kind = d.get("kind", UNKNOWN)
     lines = ["### Diagnosis", "", f"- kind: **{kind}** — {EXPLAIN.get(kind, '')}"]
     if d.get("mode"):
         lines.append(f"- mode: {code_span(d['mode'])}")
@@ -133,4 +135,4 @@ def render_markdown(summary: dict) -> str:
 
 def write_markdown(folder: Path, summary: dict) -> None:
     """Extra writer for artifacts.write_run: report.md in the run folder (itself written atomically)."""
-    (Path(folder) / "report.md").write_text(render_markdown(summary))
+    write_text(Path(folder) / "report.md", render_markdown(summary))

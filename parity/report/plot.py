@@ -8,9 +8,9 @@ file beside the target, then renames it into place.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
+
+from parity.report.atomic import atomic_file
 
 COLORS = {"eager": "#333333", "piecewise": "#1f77b4", "full": "#d62728", "full_decode_only": "#ff7f0e",
           "full_and_piecewise": "#2ca02c"}
@@ -51,17 +51,10 @@ def _figure(summary: dict):
 
 def write_acceptance_png(path: str | Path, summary: dict) -> Path:
     """Draw the acceptance plot of `summary` into `path` (temp file, then rename)."""
-    path = Path(path)
     fig = _figure(summary)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_file(path, binary=True) as handle:
+        fig.savefig(handle, format="png")
+    return Path(path)
 
 
 def write_plot(folder: Path, summary: dict) -> None:

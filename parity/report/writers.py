@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity.report.artifacts import write_json
+from parity.report.atomic import write_json
 from parity.report.markdown import write_markdown
 from parity.report.plot import write_plot
 

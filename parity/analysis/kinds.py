@@ -1,0 +1,27 @@
+"""The bug classes a diagnosis names, each with what it means (DESIGN.md, 'Bug classes')."""
+
+from __future__ import annotations
+
+BUFFER_REASSIGNED = "BUFFER_REASSIGNED"
+STALE_BUFFER = "STALE_BUFFER"
+FROZEN_AT_CAPTURE = "FROZEN_AT_CAPTURE"
+PADDING_LEAK = "PADDING_LEAK"
+POOL_ALIAS = "POOL_ALIAS"
+CAPTURE_CONTEXT = "CAPTURE_CONTEXT"
+NUMERIC_NOISE = "NUMERIC_NOISE"
+UNKNOWN = "UNKNOWN"
+NONE = "NONE"
+
+EXPLAIN = {
+    BUFFER_REASSIGNED: "a metadata field was rebound to a new tensor; the graph keeps reading the old address",
+    STALE_BUFFER: "the captured buffer is at the right address but was not refreshed before replay",
+    FROZEN_AT_CAPTURE: "a Python value was baked into the graph at capture",
+    PADDING_LEAK: "padded entries were not made inert and leak into real rows",
+    POOL_ALIAS: "drafter temporaries share a graph pool with live target outputs",
+    CAPTURE_CONTEXT: "the graph was captured with other metadata than the one replay refreshes",
+    NUMERIC_NOISE: "different kernels for padded shapes: tiny deltas, no token change",
+    UNKNOWN: "localised, but no buffer or captured value explains it",
+    NONE: "no divergence found",
+}
+# The classes a bug can be diagnosed as (the others say there is none, or that it is not explained).
+BUG_KINDS = (BUFFER_REASSIGNED, STALE_BUFFER, FROZEN_AT_CAPTURE, PADDING_LEAK, POOL_ALIAS, CAPTURE_CONTEXT)

@@ -1,0 +1,110 @@
+"""`parity bench`: latency ratios, `make parity`'s wall time and bisection cost; `parity bench false-alarms`."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from parity.commands.common import EXIT_PASS, Parser
+from parity.faults.catalog import FAULTS
+from parity.faults.matrix import home_scenario
+from parity.harness import bench, false_alarms
+from parity.harness.scenario import load_scenario
+from parity.models.pair import load_pair
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="side-by-side latency ratios, make-parity wall time, bisection cost")
+    p.add_argument("--json", default="reports/bench.json", help="where to write every figure")
+    p.add_argument("--skip", default="", help="comma-separated: latency,parity,bisect")
+    p.add_argument("--iters", type=int, default=30)
+    suites = p.add_subparsers(dest="suite", parser_class=Parser)
+    fa = suites.add_parser("false-alarms", help="the gate's false-alarm rate on the clean engine over many seeds")
+    fa.add_argument("--scenario", default="scenarios/default.yaml")
+    fa.add_argument("--seeds", type=int, default=50)
+    fa.add_argument("--requests", type=int, default=2)
+    fa.add_argument("--max-tokens", type=int, default=12)
+    fa.add_argument("--temperature", type=float, default=0.8)
+    fa.add_argument("--mode", default="full")
+    fa.add_argument("--backend", default="emulated", choices=["auto", "cuda", "emulated"])
+    p.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    """Run the benchmarks asked for and print their figures."""
+    if args.suite == "false-alarms":
+        return false_alarm_rates(args)
+    skip = set(filter(None, args.skip.split(",")))
+    report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    backends = ["emulated"] + (["cuda"] if torch.cuda.is_available() else [])
+    if "latency" not in skip:
+        report["latency"] = []
+        for backend in backends:
+            device = torch.device("cuda" if backend == "cuda" else "cpu")
+            pair = load_pair("tiny-llama3-eagle", device=device)
+            report["latency"] += bench.time_forwards(pair, device, backend, iters=args.iters)
+        if torch.cuda.is_available():
+            report["gpu"] = torch.cuda.get_device_name(0)
+        _print_latency(report["latency"])
+    if "parity" not in skip:
+        report["parity"] = bench.time_parity()
+        print(f"\nmake parity (default scenario, all modes, {report['parity']['backend']}): "
+              f"{report['parity']['seconds']} s, {report['parity']['verdict']}")
+    if "bisect" not in skip:
+        report["bisect"] = bench.time_bisection(_bisection_cases(), "auto", _replay_budget())
+        print("\nbisection on each fault's home scenario (in FULL where it shows there):")
+        for row in report["bisect"]:
+            print(f"  {row['fault']:<26} {row['mode']:<17} {row['kind']:<18} bisection {row['bisect_seconds']} s "
+                  f"(process {row['seconds']:.1f} s)  {row['replays']:>2} replays (budget {row['budget']})")
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwritten {path}")
+    return EXIT_PASS
+
+
+def _bisection_cases() -> list[tuple[str, Path, str]]:
+    return [(name, home_scenario(f), "full" if "full" in f.manifests_in else f.manifests_in[0])
+            for name, f in FAULTS.items()]
+
+
+def _replay_budget() -> int:
+    engine = bench.bench_engine(load_pair("tiny-llama3-eagle"), 1, torch.device("cpu"))
+    named = sum(len(o.buffers.names()) for o in engine.owners())
+    return 2 * math.ceil(math.log2(named)) + 4
+
+
+def _print_latency(rows: list[dict]) -> None:
+    print(f"{'backend':<9} {'phase':<14} {'batch':>5} {'eager ms':>9} {'piecewise':>10} {'full':>8}   (speedup vs eager)")
+    index = {(r["backend"], r["phase"], r["batch"], r["mode"]): r for r in rows}
+    for backend, phase, batch in sorted({(r["backend"], r["phase"], r["batch"]) for r in rows}):
+        eager = index[(backend, phase, batch, "eager")]["median_ms"]
+        pw = index[(backend, phase, batch, "piecewise")]["speedup_vs_eager"]
+        full = index[(backend, phase, batch, "full")]["speedup_vs_eager"]
+        print(f"{backend:<9} {phase:<14} {batch:>5} {eager:>9.3f} {pw:>9.2f}x {full:>7.2f}x")
+
+
+def false_alarm_rates(args) -> int:
+    """Print the measured false-alarm rates of the gate on the clean engine."""
+    torch.set_num_threads(1)
+    scenario = false_alarms.tiny(load_scenario(args.scenario), args.requests, args.max_tokens, args.temperature)
+    start = time.perf_counter()
+    r = false_alarms.measure(scenario, args.seeds, args.mode, args.backend,
+                             progress=lambda seed, verdict: print(f"seed {seed}: {verdict}", file=sys.stderr)
+                             if verdict != "pass" else None)
+    took = time.perf_counter() - start
+    print(f"{scenario.name}: {args.requests} requests x {args.max_tokens} tokens, T={args.temperature}, "
+          f"{r['mean_drafts_per_run']:.1f} drafts per run, backend {r['backend']}, alpha {r['alpha']:g}, {took:.0f} s")
+    print(f"{r['mode']} vs eager (same seed, every gate check): {r['graph_vs_eager_alarms']}/{r['seeds']} false "
+          f"alarms ({r['graph_vs_eager_alarms'] / r['seeds']:.1%})")
+    print(f"eager vs eager (independent seeds, acceptance tests): {r['eager_vs_eager_alarms']}/"
+          f"{r['eager_vs_eager_pairs']} false alarms "
+          f"({r['eager_vs_eager_alarms'] / max(1, r['eager_vs_eager_pairs']):.1%})")
+    for seed, messages in r["graph_alarm_reasons"]:
+        print(f"  seed {seed}: {messages[0]}")
+    return EXIT_PASS

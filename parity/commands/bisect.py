@@ -1,0 +1,31 @@
+"""`parity bisect`: localise and explain a graph mode's drift."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from parity.analysis.kinds import NONE
+from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, run_request
+from parity.harness.session import bisect_session
+from parity.report.diagnosis import diagnosis_panel
+
+
+def register(sub) -> None:
+    bisect = sub.add_parser("bisect", help="diagnose why a graph mode drifts from eager")
+    add_common(bisect)
+    bisect.add_argument("--mode", default=None,
+                        help="the graph mode to bisect (default: the first scenario mode that drifts)")
+    bisect.add_argument("--json", action="store_true", help="print the diagnosis object alone on stdout")
+    bisect.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    """Localise and explain a graph mode's drift; exit 0 when nothing drifts, 1 with a diagnosis."""
+    diagnosis = bisect_session(run_request(args), args.mode)
+    if args.json:
+        print(json.dumps(diagnosis, indent=2, default=str))
+    else:
+        Console().print(diagnosis_panel(diagnosis))
+    return EXIT_PASS if diagnosis["kind"] == NONE else EXIT_DRIFT

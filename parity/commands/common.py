@@ -1,0 +1,60 @@
+"""What every command shares: exit codes, the parser class, the common options, requests from arguments."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from rich.console import Console
+
+from parity.errors import ParityInputError
+from parity.faults.catalog import resolve_faults
+from parity.faults.mutations import apply
+from parity.harness.request import RunRequest
+
+EXIT_PASS, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
+DEFAULT_SCENARIO = "scenarios/default.yaml"
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other bad input
+        raise ParityInputError(f"{self.prog}: {message}")
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-llama3-eagle", help="zoo name (see `parity models list`)")
+    p.add_argument("--scenario", default=DEFAULT_SCENARIO, help="scenario YAML file")
+    p.add_argument("--modes", default="all", help="comma-separated modes, or 'all' (eager always runs)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "emulated"],
+                   help="graph backend: cuda graphs, the CPU emulation, or cuda when available")
+    p.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                   help="inject a catalogued fault (repeatable; see `parity faults list`)")
+    p.add_argument("--out", default=None, help="artifact folder (default reports/<run-id>/)")
+    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--target-path", default=None, help="local folder of the target checkpoint")
+    p.add_argument("--draft-path", default=None, help="local folder of the draft head checkpoint")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights dtype (auto: float32 for embedded pairs, bfloat16 for real ones on GPU)")
+
+
+def requested_modes(text: str | None) -> tuple[str, ...] | None:
+    return None if text in (None, "", "all") else tuple(m.strip() for m in text.split(","))
+
+
+def injected(names) -> dict:
+    """The engine parts and capture policy with every `--inject`ed fault applied."""
+    resolve_faults(names)
+    parts, policy = apply(list(dict.fromkeys(names)))
+    return {"parts": parts, "policy": policy}
+
+
+def run_request(args) -> RunRequest:
+    """The harness request of `parity run` / `parity bisect` arguments."""
+    return RunRequest(args.model, args.scenario, requested_modes(args.modes), args.backend, **injected(args.inject),
+                      seed=args.seed, target_path=args.target_path, draft_path=args.draft_path, dtype=args.dtype,
+                      bisect=not getattr(args, "no_bisect", False))
+
+
+def console() -> Console:
+    """A rich Console; NO_COLOR set means no escape sequences at all (rich alone keeps bold and dim)."""
+    return Console(color_system=None) if os.environ.get("NO_COLOR") else Console()

@@ -1,0 +1,65 @@
+"""`parity gate`: the CI gate on acceptance and parity drift, with baselines, JUnit and Markdown (docs/gate.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, console, injected, requested_modes
+from parity.errors import ParityInputError
+from parity.harness.gate import GateRequest, check_output_path, run_gate
+from parity.report.artifacts import write_run
+from parity.report.atomic import write_json, write_text
+from parity.report.gate import render_gate, render_gate_markdown
+from parity.report.junit import write_junit
+from parity.report.progress import mode_progress
+from parity.report.writers import RUN_REPORT_WRITERS
+
+
+def register(sub) -> None:
+    gate = sub.add_parser("gate", help="CI gate: fail on acceptance or parity drift (JUnit, Markdown, baselines)")
+    add_common(gate)
+    gate.set_defaults(scenario=None)   # engine runs: scenarios/default.yaml; imports: default tolerances
+    gate.add_argument("--baseline", default=None, metavar="FILE", help="compare every mode with this baseline")
+    gate.add_argument("--update-baseline", action="store_true",
+                      help="write the run's counts to --baseline (default scenarios/baselines/<scenario>.json)")
+    gate.add_argument("--junit", default=None, metavar="FILE", help="write JUnit XML here")
+    gate.add_argument("--markdown", default=None, metavar="FILE", help="write a Markdown summary here")
+    gate.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
+                      help="a vLLM metrics or printed-acceptance file (repeat; the first is the reference)")
+    gate.add_argument("--num-drafts", type=int, default=None, metavar="N",
+                      help="drafts behind rates-only imports (vLLM's printed text), for a statistical test")
+    gate.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    """Run (or import) every mode, compare with eager and the baseline; exit 0 pass, 1 drift, 2 bad input."""
+    check_output_path(args.junit, "--junit")
+    check_output_path(args.markdown, "--markdown")
+    if args.num_drafts is not None and args.num_drafts < 1:
+        raise ParityInputError(f"--num-drafts must be >= 1, got {args.num_drafts}")
+    if args.imports and len(args.imports) >= 2:
+        extra = [opt for opt, given in (("--baseline", args.baseline), ("--update-baseline", args.update_baseline),
+                                        ("--inject", args.inject), ("--modes", requested_modes(args.modes)),
+                                        ("--out", args.out)) if given]
+        if extra:
+            raise ParityInputError(f"{', '.join(extra)}: not with --import (imports compare files, not engine runs)")
+    request = GateRequest(args.model, args.scenario, requested_modes(args.modes), args.backend,
+                          **injected(args.inject), seed=args.seed, target_path=args.target_path,
+                          draft_path=args.draft_path, dtype=args.dtype, baseline=args.baseline,
+                          update_baseline=args.update_baseline, imports=tuple(args.imports),
+                          num_drafts=args.num_drafts)
+    with mode_progress(sys.stderr.isatty()) as progress:
+        outcome = run_gate(request, progress)
+    if outcome.summary is not None:
+        outcome.report["faults"] = outcome.summary["faults"] = list(args.inject)
+    if outcome.baseline is not None:
+        write_json(*outcome.baseline)
+    if args.junit:
+        write_junit(args.junit, outcome.report)
+    if args.markdown:
+        write_text(args.markdown, render_gate_markdown(outcome.report, outcome.summary))
+    if args.out and outcome.summary is not None:
+        write_run(Path(args.out), outcome.summary, outcome.runs, extra_writers=RUN_REPORT_WRITERS)
+    render_gate(outcome.report, console=console())
+    return EXIT_DRIFT if outcome.verdict == "drift" else EXIT_PASS

@@ -1,0 +1,114 @@
+"""Lockstep localisation of the first divergent forward, then the stages that explain it."""
+
+from __future__ import annotations
+
+import torch
+
+from parity.analysis.kinds import NONE, UNKNOWN
+from parity.diagnose import audit, pool, recapture
+from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
+from parity.graphs.factory import install_graphs
+from parity.graphs.modes import EAGER
+from parity.graphs.policy import CapturePolicy
+
+
+def bisect_mode(make_engine, specs, mode: str, backend: str, scenario, policy: CapturePolicy,
+                tolerance: float = 1e-3) -> Diagnosis:
+    """Diagnose why `mode` drifts from eager for engines built by `make_engine`."""
+
+    def reference(engine):
+        install_graphs(engine, "eager", backend)
+
+    def graphs(engine):
+        install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode, policy)
+
+    return Bisector(make_engine, reference, graphs, specs, mode, tolerance).run()
+
+
+class Bisector:
+    """Drives an eager and a graph engine in lockstep and diagnoses the first divergence."""
+
+    def __init__(self, make_engine, install_reference, install_graph, specs, mode: str, tolerance: float = 1e-3):
+        self.make_engine = make_engine
+        self.install_reference = install_reference
+        self.install_graph = install_graph
+        self.specs = specs
+        self.mode = mode
+        self.tol = tolerance
+        self.replays = 0     # forwards re-run to test a hypothesis
+
+    @torch.no_grad()
+    def run(self) -> Diagnosis:
+        ref, graph = self.make_engine(), self.make_engine()
+        self.install_reference(ref)
+        self.install_graph(graph)
+        snaps = {}
+        target_out = None   # (graph logits tensor, eager logits copy, verify event)
+        overwritten_by = None
+        for ev_r, ev_g in zip(ref.events(self.specs), graph.events(self.specs)):
+            if (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase, ev_g.draft_step):
+                return self.diagnosis(UNKNOWN, [], ev_g, evidence=[
+                    "the two runs' schedules parted without a forward's outputs differing first"])
+            if ev_g.kind == "pre":
+                snaps = {"ref": snapshot(ref, ev_r.meta), "graph": snapshot(graph, ev_g.meta)}
+                continue
+            if ev_g.kind == "step_end":
+                if target_out is not None:
+                    drift = _logits_drift(*target_out)
+                    if drift > self.tol:
+                        logits_g, logits_r, verify_event = target_out
+                        return pool.diagnose(self, graph, verify_event, overwritten_by, drift, logits_r)
+                target_out, overwritten_by = None, None
+                continue
+            out_r, out_g = outputs(ref, ev_r), outputs(graph, ev_g)
+            worst, names = max_diff(out_r, out_g)
+            if worst > self.tol:
+                return self._explain(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names)
+            if ev_g.phase == "verify":
+                target_out = (ev_g.logits, out_r["logits"], ev_g)
+            elif target_out is not None and overwritten_by is None and _logits_drift(*target_out) > self.tol:
+                overwritten_by = ev_g
+        return Diagnosis(NONE, [], self.mode, evidence=["every forward matched eager within tolerance"],
+                         replays=self.replays)
+
+    def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
+        dispatch = ev_g.dispatch
+        where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}
+        if dispatch.runtime_mode == EAGER:
+            return self.diagnosis(UNKNOWN, [], ev_g, evidence=[
+                f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
+                "state left by an earlier graph replay, not a buffer read by this one"], **where)
+        executor = executor_of(graph, ev_g.owner)
+        entry = executor.entry(dispatch)
+        where["graph_info"] = {"runtime_mode": dispatch.runtime_mode, "num_tokens": dispatch.num_tokens_padded,
+                          "num_reqs": dispatch.num_reqs_padded, "manifest": [e.as_dict() for e in entry.manifest]}
+        suspects = audit.find_suspects(ref, graph, ev_r, ev_g, snaps, entry)
+        culprits = audit.confirm(self, graph, ev_g, snaps, out_r, suspects)
+        if culprits:
+            return audit.explain(self, graph, ev_g, culprits, entry, **where)
+        return recapture.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, suspects, worst,
+                                  **where)
+
+    # --- what the stages share ------------------------------------------------------------
+
+    def replay_matches(self, graph, ev_g, executor, fn, out_r) -> bool:
+        self.replays += 1
+        executor.execute(ev_g.dispatch, fn, ev_g.meta)
+        return self.outputs_match(graph, ev_g, out_r)
+
+    def outputs_match(self, graph, ev_g, out_r, logits=None) -> bool:
+        worst, _ = max_diff(out_r, outputs(graph, ev_g, logits))
+        return worst <= self.tol
+
+    def diagnosis(self, kind, buffers, event, rows=(), graph_info=None, max_abs_diff=None, captured=None,
+                  live=None, evidence=()) -> Diagnosis:
+        return Diagnosis(kind, list(buffers), self.mode, owner=event.owner, step=event.step, phase=event.phase,
+                         draft_step=event.draft_step, forward_index=event.index, rows=list(rows), graph=graph_info,
+                         captured_address=captured, live_address=live, evidence=list(evidence),
+                         replays=self.replays, max_abs_diff=max_abs_diff)
+
+
+def _logits_drift(logits_g, logits_r, verify_event) -> float:
+    t = verify_event.dispatch.num_tokens
+    return float((logits_g[:t].float() - logits_r).abs().max())

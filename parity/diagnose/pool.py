@@ -1,0 +1,42 @@
+"""POOL_ALIAS: target logits that matched eager after the verify forward changed before the step's end.
+
+Only another graph's replay can write there, so the drafter replay during
+which they changed is replayed once more on restored logits: if it overwrites
+them again, its temporaries share memory with the target's output.
+"""
+
+from __future__ import annotations
+
+from parity.analysis.kinds import POOL_ALIAS
+from parity.diagnose.state import state_tensors
+from parity.graphs.manager import restore_tensors, snapshot_tensors
+
+
+def diagnose(bisector, graph, verify_event, overwritten_by, drift: float, logits_r):
+    evidence = ["target logits matched eager after the verify forward, then changed before the step's end "
+                f"(max |Δ| {drift:.3g})"]
+    if overwritten_by is not None:
+        d = overwritten_by.dispatch
+        evidence.append(f"they changed during the {d.phase} replay (draft step {overwritten_by.draft_step}, "
+                        f"{d.runtime_mode} graph of {d.num_tokens_padded} tokens)")
+        if _overwrites_again(bisector, graph, verify_event, overwritten_by, logits_r):
+            evidence.append("replaying that drafter graph alone overwrites the restored target logits: "
+                            "its temporaries share memory with the target's output")
+    return bisector.diagnosis(POOL_ALIAS, ["logits"], verify_event, max_abs_diff=drift, evidence=evidence)
+
+
+def _overwrites_again(bisector, graph, verify_event, suspect_event, logits_r) -> bool:
+    d = suspect_event.dispatch
+    entry = graph.owner(suspect_event.owner).executor.graphs.get((d.phase, d.runtime_mode, d.descriptor))
+    if entry is None:
+        return False
+    logits = verify_event.logits
+    t = verify_event.dispatch.num_tokens
+    saved = state_tensors(graph)
+    keep = snapshot_tensors(saved)
+    logits[:t].copy_(logits_r.to(logits.dtype))
+    bisector.replays += 1
+    entry.graph.replay(suspect_event.meta)
+    changed = float((logits[:t].float() - logits_r).abs().max()) > bisector.tol
+    restore_tensors(saved, keep)
+    return changed

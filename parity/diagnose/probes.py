@@ -1,0 +1,46 @@
+"""Layer probes: where a divergent forward's difference starts, decoder layer by decoder layer.
+
+The forward is re-run eagerly in both engines from their pre-forward state. A
+first layer that differs means the state the forward starts from already
+differs there; no layer differing means the inputs are right and the
+difference is made inside the captured graph's replay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from parity.diagnose.state import forward_fn, restore
+
+
+def probe_layers(bisector, ref, graph, ev_r, ev_g, snaps) -> list[str]:
+    ours = _layer_outputs(bisector, graph, ev_g, snaps["graph"])
+    theirs = _layer_outputs(bisector, ref, ev_r, snaps["ref"])
+    t = ev_g.dispatch.num_tokens
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        delta = float((a[:t] - b[:t]).abs().max())
+        if delta > bisector.tol:
+            return [f"layer probe: decoder layer {i} is the first to differ ({delta:.3g}) when the forward "
+                    "re-runs eagerly from each run's state: the state before this forward already differs"]
+    return [f"layer probe: all {len(ours)} decoder layer(s) agree when the forward re-runs eagerly from the "
+            "graph run's state: the difference is made inside the captured graph's replay"]
+
+
+def _layer_outputs(bisector, engine, event, snap) -> list[torch.Tensor]:
+    outputs: list[torch.Tensor] = []
+    layers = engine.owner(event.owner).decoder_layers()
+
+    def keep(module, args, out):
+        hidden = out[0] if isinstance(out, tuple) else out
+        outputs.append(hidden.detach().float().reshape(-1, hidden.shape[-1]).clone())
+
+    hooks = [layer.register_forward_hook(keep) for layer in layers]
+    try:
+        restore(snap)
+        bisector.replays += 1
+        forward_fn(engine, event.owner, event.phase)(event.dispatch.num_tokens_padded,
+                                                     event.dispatch.num_reqs_padded, event.meta)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return outputs

@@ -1,0 +1,165 @@
+"""One mutation per catalogued fault: a subclass that overrides one named step, or a policy value.
+
+Each mutation is a mixin over the production class of one engine part (a
+metadata builder or the proposer); `apply` stacks the mixins of every injected
+fault onto `EngineParts` and `CapturePolicy`, so the engine and the graph
+installer receive classes and policy values, never fault names. A mutation is
+the one-line mistake of its seed report, written where that mistake lives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from parity.engine.metadata import AttentionMetadata
+from parity.engine.parts import EngineParts
+from parity.graphs.policy import CapturePolicy
+
+
+class ReassignSeqLens:
+    """The builder rebinds seq_lens to a new tensor instead of copying into the buffer."""
+
+    def write(self, name, values, pad, num_tokens):
+        if name != "seq_lens":
+            return super().write(name, values, pad, num_tokens)
+        rebind(self.buffers, name, values + [self.buffers.spec(name).inert_value(num_tokens)] * pad)
+
+
+class ReassignQueryStartLoc:
+    """The drafter's query_start_loc is built into a fresh tensor every step."""
+
+    def write(self, name, values, pad, num_tokens):
+        if name != "query_start_loc":
+            return super().write(name, values, pad, num_tokens)
+        rebind(self.buffers, name, values + [self.buffers.spec(name).inert_value(num_tokens)] * pad)
+
+
+def rebind(buffers, name: str, values: list[int]) -> None:
+    fresh = torch.zeros_like(buffers[name])
+    fresh[: len(values)] = torch.tensor(values, dtype=fresh.dtype)
+    buffers.rebind(name, fresh)
+
+
+class StaleSlotMapping:
+    """Between draft steps the new slots reach the metadata object, not the captured buffer."""
+
+    def store_slots(self, meta, slots, n):
+        fresh = meta.slot_mapping.clone()
+        fresh[:n] = slots
+        meta.slot_mapping = fresh
+
+
+class StaleBlockTable:
+    """A request's block-table row is copied only when first seen, not after it grows."""
+
+    def store_block_table(self, meta, table, rows):
+        written = self.__dict__.setdefault("_rows_written", {})
+        for i, row in enumerate(rows):
+            if written.get(row.req_id) != i:
+                self.buffers["block_table"][i].copy_(table[i])
+                written[row.req_id] = i
+        # Eager code reads the right table from the metadata object; a FULL graph reads the buffer.
+        meta.block_table = table.to(self.buffers.device)
+
+
+@dataclasses.dataclass
+class HostWindowMetadata(AttentionMetadata):
+    """Metadata carrying the sliding-window start as one Python int per batch."""
+
+    window_start_host: int = 0
+
+    def window_starts(self) -> torch.Tensor:
+        return torch.full_like(self.window_start, self.window_start_host)
+
+
+class FrozenWindowState:
+    """The sliding-window start (position-dependent builder state) is handed over as a Python int."""
+
+    metadata_class = HostWindowMetadata
+
+    def make_view(self, num_tokens_padded, num_reqs_padded, num_reqs, num_actual_tokens, max_query_len,
+                  max_seq_len):
+        meta = super().make_view(num_tokens_padded, num_reqs_padded, num_reqs, num_actual_tokens,
+                                 max_query_len, max_seq_len)
+        starts = self.buffers["window_start"][:num_actual_tokens]
+        meta.window_start_host = int(starts.min()) if starts.numel() else 0
+        return meta
+
+    def advance_window(self, meta, positions, n):
+        super().advance_window(meta, positions, n)
+        meta.window_start_host += 1
+
+
+class PaddedRowsUnmasked:
+    """num_tokens / num_reqs used where the padded sizes are needed: padding keeps stale entries."""
+
+    def padding(self, num_tokens, num_tokens_padded, num_reqs, num_reqs_padded):
+        return 0, 0
+
+
+class FrozenDraftStep:
+    """The draft step index reaches the captured step as a Python int."""
+
+    def draft_column(self, n, meta):
+        return torch.full((n, 1), meta.draft_step, dtype=torch.int64, device=self.buffers.device)
+
+
+class HiddenStatesNotCopied:
+    """The draft hidden-state update is moved out of the captured step into eager code.
+
+    It copies whatever tensor the step function last produced in Python: at
+    replay, the tensor of the last capture.
+    """
+
+    def store_hidden(self, row_hidden, n):
+        self._last_hidden = row_hidden
+
+    def prepare_steps(self, rows):
+        self._copy_last_hidden(len(rows))
+        return super().prepare_steps(rows)
+
+    def advance(self, meta, dispatch):
+        self._copy_last_hidden(dispatch.num_reqs)
+        super().advance(meta, dispatch)
+
+    def _copy_last_hidden(self, n):
+        self.buffers["hidden_states"][:n].copy_(self._last_hidden[:n])
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """Where a fault strikes: a mixin over one engine part, or a capture-policy value."""
+
+    parts: tuple[str, ...] = ()        # the EngineParts fields it changes
+    mixin: type | None = None
+    policy: dict = dataclasses.field(default_factory=dict)
+
+
+BUILDERS = ("target_builder", "drafter_builder")
+MUTATIONS: dict[str, Mutation] = {
+    "reassign-seq-lens": Mutation(BUILDERS, ReassignSeqLens),
+    "reassign-query-start-loc": Mutation(("drafter_builder",), ReassignQueryStartLoc),
+    "stale-slot-mapping": Mutation(BUILDERS, StaleSlotMapping),
+    "stale-block-table": Mutation(BUILDERS, StaleBlockTable),
+    "frozen-draft-step": Mutation(("proposer",), FrozenDraftStep),
+    "frozen-window-state": Mutation(BUILDERS, FrozenWindowState),
+    "padded-rows-unmasked": Mutation(BUILDERS, PaddedRowsUnmasked),
+    "shared-pool-alias": Mutation(policy={"shared_drafter_pool": True}),
+    "capture-without-metadata": Mutation(policy={"detached_capture_metadata": ("drafter",)}),
+    "hidden-states-not-copied": Mutation(("proposer",), HiddenStatesNotCopied),
+}
+
+
+def apply(names, parts: EngineParts = EngineParts(),
+          policy: CapturePolicy = CapturePolicy()) -> tuple[EngineParts, CapturePolicy]:
+    """`parts` and `policy` with the mutation of every fault in `names` applied, in order."""
+    for name in names:
+        m = MUTATIONS[name]
+        for part in m.parts:
+            base = getattr(parts, part)
+            parts = parts.replace(**{part: type(f"{m.mixin.__name__}{base.__name__}", (m.mixin, base), {})})
+        if m.policy:
+            policy = dataclasses.replace(policy, **m.policy)
+    return parts, policy

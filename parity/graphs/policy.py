@@ -1,0 +1,21 @@
+"""How graphs are captured: the choices a graph runner makes once, at start-up.
+
+Captures go largest first into a pool per owner; the drafter gets a dedicated
+pool unless `shared_drafter_pool` (seed 004: sharing lets drafter temporaries
+land on live target outputs). `detached_capture_metadata` lists owners whose
+graphs are captured on a copy of the dummy metadata instead of views of their
+persistent buffers (seed 000: capture ran with another metadata object than
+replay refreshes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CapturePolicy:
+    shared_drafter_pool: bool = False
+    detached_capture_metadata: tuple[str, ...] = ()
+    # Outputs held weakly, as vLLM holds them: their memory returns to the pool after capture.
+    weak_outputs: bool = True

@@ -1,0 +1,102 @@
+"""Scenario -> one engine run per mode, on the same schedule -> records.
+
+Every mode runs on a fresh engine (fresh KV cache and graphs) assembled from
+the same parts; the parts and the capture policy say which classes play each
+role and how graphs are captured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from parity.engine.config import EngineConfig
+from parity.engine.parts import EngineParts
+from parity.engine.records import RunResult
+from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
+from parity.errors import ParityInputError
+from parity.graphs.factory import install_graphs
+from parity.graphs.policy import CapturePolicy
+from parity.harness.scenario import Scenario
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    result: RunResult
+    backend: str
+    capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
+
+
+def engine_config(scenario: Scenario, spec_decode: bool = True) -> EngineConfig:
+    return EngineConfig(
+        num_speculative_tokens=scenario.num_speculative_tokens,
+        max_num_seqs=scenario.max_num_seqs,
+        max_num_batched_tokens=scenario.max_num_batched_tokens,
+        block_size=scenario.block_size,
+        max_model_len=scenario.max_model_len,
+        temperature=scenario.temperature,
+        seed=scenario.seed,
+        sliding_window=scenario.sliding_window,
+        sliding_window_layers=scenario.sliding_window_layers,
+        spec_decode=spec_decode,
+    )
+
+
+def capture_policy(scenario: Scenario, policy: CapturePolicy) -> CapturePolicy:
+    """The run's policy with the scenario's own capture choices folded in."""
+    if scenario.shared_drafter_pool:
+        return dataclasses.replace(policy, shared_drafter_pool=True)
+    return policy
+
+
+def request_specs(scenario: Scenario, tokenizer, config: EngineConfig) -> list[RequestSpec]:
+    """Tokenised requests; prompts cycle when num_requests exceeds the prompt set."""
+    specs = []
+    for i in range(scenario.num_requests):
+        prompt_id, text = scenario.prompts[i % len(scenario.prompts)]
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ParityInputError(f"{scenario.prompts_file}: prompt {prompt_id!r} is empty after tokenisation")
+        limit = config.max_model_len - config.num_speculative_tokens - 1
+        if len(ids) >= limit:
+            raise ParityInputError(
+                f"{scenario.prompts_file}: prompt {prompt_id!r} has {len(ids)} tokens; max_model_len "
+                f"{config.max_model_len} leaves room for at most {limit - 1} with K={config.num_speculative_tokens}")
+        if len(ids) > config.max_num_batched_tokens:
+            raise ParityInputError(
+                f"{scenario.prompts_file}: prompt {prompt_id!r} has {len(ids)} tokens, more than "
+                f"max_num_batched_tokens {config.max_num_batched_tokens}")
+        specs.append(RequestSpec(i, tuple(ids), scenario.max_tokens, scenario.arrivals[i]))
+    return specs
+
+
+def run_mode(pair, scenario: Scenario, mode: str, backend: str, device: torch.device,
+             parts: EngineParts = EngineParts(), policy: CapturePolicy = CapturePolicy(), progress=None) -> ModeRun:
+    """Run the scenario once in `mode` on a fresh engine (fresh KV cache and graphs)."""
+    config = engine_config(scenario)
+    specs = request_specs(scenario, pair.tokenizer, config)
+    engine = SpecDecodeEngine(pair.target, pair.head, config, device, parts)
+    capture = install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode,
+                             capture_policy(scenario, policy))
+    result = engine.run(specs, progress=progress)
+    return ModeRun(mode, result, backend, capture)
+
+
+def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: EngineParts = EngineParts(),
+              policy: CapturePolicy = CapturePolicy(), progress=None) -> dict[str, ModeRun]:
+    """One engine run per mode on the same schedule.
+
+    `progress`, when given, is told `start(mode, num_requests)` before each mode
+    and `advance(mode, num_finished)` as requests finish.
+    """
+    runs = {}
+    for mode in modes:
+        tick = None
+        if progress is not None:
+            progress.start(mode, scenario.num_requests)
+            tick = lambda step, done, m=mode: progress.advance(m, len(done))  # noqa: E731
+        runs[mode] = run_mode(pair, scenario, mode, backend, device, parts, policy, progress=tick)
+    return runs

@@ -1,0 +1,71 @@
+"""What a command asks the harness to run, and how its names resolve to things.
+
+A request carries engine parts and a capture policy, never names of bugs:
+commands turn `--inject` names into parts before the harness sees them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from parity.engine.parts import EngineParts
+from parity.errors import ParityInputError
+from parity.graphs.modes import EAGER, MODES
+from parity.graphs.policy import CapturePolicy
+from parity.harness.scenario import Scenario, load_scenario
+from parity.models.pair import load_pair
+from parity.models.zoo import get_entry
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    model: str
+    scenario_path: str
+    modes: tuple[str, ...] | None      # None: the scenario's modes
+    backend: str
+    parts: EngineParts = EngineParts()
+    policy: CapturePolicy = CapturePolicy()
+    seed: int | None = None
+    target_path: str | None = None
+    draft_path: str | None = None
+    dtype: str = "auto"
+    bisect: bool = True
+
+
+def resolve_modes(requested: tuple[str, ...] | None, scenario: Scenario) -> tuple[str, ...]:
+    modes = requested or scenario.modes
+    for m in modes:
+        if m not in MODES:
+            raise ParityInputError(f"unknown mode {m!r} (known: {', '.join(MODES)})")
+    # eager is the reference every other mode is compared with: it always runs, first.
+    return (EAGER,) + tuple(m for m in dict.fromkeys(modes) if m != EAGER)
+
+
+def resolve_backend(backend: str) -> tuple[str, torch.device]:
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise ParityInputError("--backend cuda: CUDA is not available on this machine (use emulated or auto)")
+    if backend == "auto":
+        backend = "cuda" if torch.cuda.is_available() else "emulated"
+    return backend, torch.device("cuda" if backend == "cuda" else "cpu")
+
+
+def resolve_dtype(dtype: str, embedded: bool, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32 if embedded or device.type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def load_request_scenario(scenario_path: str, seed: int | None) -> Scenario:
+    """The scenario file, with the command line's --seed applied."""
+    scenario = load_scenario(scenario_path)
+    return dataclasses.replace(scenario, seed=seed) if seed is not None else scenario
+
+
+def load_request_pair(request, device: torch.device):
+    """The model pair a request names, in the dtype it asks for, on `device`."""
+    entry = get_entry(request.model)
+    return load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
+                     dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device)

@@ -1,0 +1,84 @@
+"""One `parity run` or `parity bisect`: scenario -> runs (one per mode) -> comparison -> summary.
+
+The harness computes; the commands above it write artifacts and render.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from parity.analysis.kinds import NONE
+from parity.analysis.compare import compare_runs
+from parity.analysis.summary import build_summary
+from parity.diagnose import bisect_mode
+from parity.engine.spec_decode import SpecDecodeEngine
+from parity.errors import ParityInputError
+from parity.graphs.modes import EAGER, MODES
+from parity.harness.modes import capture_policy, engine_config, request_specs, run_modes
+from parity.harness.request import (RunRequest, load_request_pair, load_request_scenario, resolve_backend,
+                                    resolve_modes)
+from parity.harness.scenario import Scenario
+
+
+@dataclass
+class RunOutcome:
+    summary: dict
+    runs: dict
+    scenario: Scenario
+
+
+def run_session(request: RunRequest, progress=None) -> RunOutcome:
+    """Every mode of the scenario, compared with eager; drifting modes bisected when asked."""
+    scenario = load_request_scenario(request.scenario_path, request.seed)
+    modes = resolve_modes(request.modes, scenario)
+    backend, device = resolve_backend(request.backend)
+    pair = load_request_pair(request, device)
+    runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress)
+    comparisons = compare_runs(runs, scenario)
+    diagnoses = {}
+    if request.bisect:
+        drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
+        for mode in drifting:
+            diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request).as_dict()
+    first = next(iter(diagnoses.values()), None)
+    summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
+                            device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
+                            diagnosis=first)
+    summary["diagnoses"] = diagnoses
+    return RunOutcome(summary, runs, scenario)
+
+
+def bisect_session(request: RunRequest, mode: str | None) -> dict:
+    """`parity bisect`: diagnose one mode (the first scenario mode that drifts when none is given)."""
+    scenario = load_request_scenario(request.scenario_path, request.seed)
+    backend, device = resolve_backend(request.backend)
+    if mode is not None and mode not in MODES:
+        raise ParityInputError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+    if mode == EAGER:
+        raise ParityInputError("--mode eager: eager is the reference; bisect a graph mode")
+    pair = load_request_pair(request, device)
+    if mode is None:
+        modes = resolve_modes(request.modes, scenario)
+        runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy)
+        drifting = [m for m, c in compare_runs(runs, scenario).items() if c.verdict == "drift"]
+        if not drifting:
+            return {"kind": NONE, "buffers": [], "mode": None,
+                    "evidence": [f"no mode of {', '.join(modes)} drifts from eager"], "replays": 0}
+        mode = drifting[0]
+    return diagnose(pair, scenario, mode, backend, device, request).as_dict()
+
+
+def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, request: RunRequest):
+    """Bisect `mode` on engines built exactly as `parity run` builds them."""
+    config = engine_config(scenario)
+    specs = request_specs(scenario, pair.tokenizer, config)
+
+    def make_engine():
+        return SpecDecodeEngine(pair.target, pair.head, config, device, request.parts)
+
+    start = time.perf_counter()
+    diagnosis = bisect_mode(make_engine, specs, mode, backend, scenario, capture_policy(scenario, request.policy),
+                            tolerance=scenario.tolerances.logprob_abs)
+    diagnosis.timing = {"bisect_seconds": round(time.perf_counter() - start, 3)}
+    return diagnosis
