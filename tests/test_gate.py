@@ -162,10 +162,10 @@ def test_fault_on_the_default_scenario_fails_naming_mode_and_position(capsys, tm
                         "--inject", "stale-slot-mapping", "--junit", str(junit), "--markdown", str(md))
     assert code == 1
     last = out.strip().splitlines()[-1]
-    assert last.startswith("GATE DRIFT") and "full vs eager" in last and "draft position" in last
+    assert last.startswith("GATE DRIFT") and "full vs ref:full: reference parity" in last and "draft 2" in last
     failures = {n: m for n, m in junit_cases(junit).items() if m}
-    assert list(failures) == ["full vs eager: draft parity"]
-    assert "draft position 2" in failures["full vs eager: draft parity"]
+    assert list(failures) == ["full vs ref:full: reference parity"]
+    assert "draft 2" in failures["full vs ref:full: reference parity"]
     assert "## parity gate: DRIFT" in md.read_text()
 
 
@@ -176,7 +176,7 @@ def test_clean_engine_passes_against_eager_and_the_committed_baseline(capsys, tm
     assert code == 0, out
     cases = junit_cases(junit)
     assert not any(cases.values())
-    for name in ("full vs eager: acceptance position 0", "full vs eager: token parity", "full vs eager: draft parity",
+    for name in ("full vs eager: acceptance position 0", "full vs ref:full: reference parity",
                  "full vs baseline: acceptance position 2", "eager vs baseline: mean acceptance length"):
         assert name in cases
     assert out.strip().splitlines()[-1].startswith("GATE PASS")

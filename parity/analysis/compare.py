@@ -1,4 +1,13 @@
-"""Compare every graph mode's run with the eager run: tokens, logprobs, acceptance, verdict."""
+"""Compare every graph mode: bit for bit with its padded reference (the verdict), and with eager.
+
+Three runs per graph mode M: plain eager, M, and M's strict padded reference
+(the same schedule and dispatch, every graphed forward run eagerly at the
+padded shape, its padding poisoned). M's verdict is bitwise equality with the
+reference (`reference_parity`). The reference against eager is padding
+numerics (`numerics`), reported and never a verdict. Acceptance against eager
+is tested statistically per position (`position_drift`), which the gate judges.
+Nothing here reads which modes exist beyond the runs it is given.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +18,10 @@ import pandas as pd
 from parity.analysis import stats
 from parity.analysis.draft_parity import draft_parity
 from parity.analysis.metrics import Acceptance, acceptance, wilson_interval
-from parity.analysis.tolerances import Tolerances
+from parity.analysis.numerics import Numerics, numerics, stream_splits
+from parity.analysis.reference_parity import ReferenceParity, describe, reference_parity
 
-REFERENCE = "eager"
+EAGER = "eager"
 
 
 @dataclass
@@ -37,13 +47,13 @@ class ModeComparison:
     mean_abs_logprob_diff: float
     max_logprob_diff_at: dict | None
     position_drift: list[bool]
-    drafts: object = None          # DraftParity against eager
+    drafts: object = None          # DraftParity against eager (same-context proposals)
+    reference: ReferenceParity | None = None      # the verdict: bit for bit against the padded reference
+    numerics: Numerics | None = None              # the padded reference against eager
+    reference_acceptance: Acceptance | None = None
+    padding: dict | None = None    # after a drift: is the padding inert, does the graph match a clean reference
     verdict: str = "pass"
     reasons: list[str] = field(default_factory=list)
-
-
-# Kept for callers of the old name; the test lives in parity.analysis.stats.
-two_proportion_p = stats.two_proportion_z
 
 
 def _divergences(ref: pd.DataFrame, other: pd.DataFrame, window: int = 6) -> list[Divergence]:
@@ -66,9 +76,11 @@ def _divergences(ref: pd.DataFrame, other: pd.DataFrame, window: int = 6) -> lis
     return found
 
 
-def _logprob_deltas(ref: pd.DataFrame, other: pd.DataFrame) -> tuple[float, float, dict | None]:
+def _logprob_deltas(ref: pd.DataFrame, other: pd.DataFrame, splits: dict) -> tuple[float, float, dict | None]:
+    """|Δ logprob| of emitted tokens whose context is the same in both runs."""
     merged = ref.merge(other, on=["req_id", "output_index"], suffixes=("_ref", "_mode"))
-    merged = merged[merged.token_ref == merged.token_mode]
+    limit = merged["req_id"].map(lambda r: splits[r]["output_index"] if r in splits else 1 << 62)
+    merged = merged[merged["output_index"] < limit]
     if merged.empty:
         return 0.0, 0.0, None
     delta = (merged.logprob_ref - merged.logprob_mode).abs()
@@ -77,55 +89,48 @@ def _logprob_deltas(ref: pd.DataFrame, other: pd.DataFrame) -> tuple[float, floa
         "req_id": int(at.req_id), "output_index": int(at.output_index), "position": int(at.position_ref)}
 
 
-def compare_mode(mode: str, reference, run, k: int, temperature: float, tol: Tolerances,
-                 num_modes: int) -> ModeComparison:
-    """Compare one mode's run with the reference (eager) run under the scenario's tolerances."""
-    acc_ref = acceptance(reference.drafts, k)
-    acc = acceptance(run.drafts, k)
-    divergences = _divergences(reference.tokens, run.tokens)
-    max_d, mean_d, where = _logprob_deltas(reference.tokens, run.tokens)
+def compare_mode(mode: str, eager, run, k: int, alpha: float, min_effect: float, reference=None,
+                 numbers: Numerics | None = None) -> ModeComparison:
+    """One mode against eager (acceptance tests, numerics) and against its padded reference (the verdict)."""
+    acc_eager, acc = acceptance(eager.drafts, k), acceptance(run.drafts, k)
+    divergences = _divergences(eager.tokens, run.tokens)
+    splits = stream_splits(eager.tokens, run.tokens)
+    max_d, mean_d, where = _logprob_deltas(eager.tokens, run.tokens, splits)
     intervals = [wilson_interval(c, acc.num_drafts) for c in acc.accepted_per_position]
     cmp = ModeComparison(mode, acc, intervals, not divergences, divergences, max_d, mean_d, where, [False] * k)
-    if mode == REFERENCE:
+    if mode == EAGER:
         return cmp
-    # The family is every position of every graph mode: Holm over this mode's positions at
-    # alpha / (graph modes), i.e. Bonferroni across modes (compare_mode sees one mode at a time).
-    alpha = tol.alpha / max(1, num_modes - 1)
-    tests = stats.position_tests(acc_ref.num_drafts, acc_ref.accepted_per_position,
+    tests = stats.position_tests(acc_eager.num_drafts, acc_eager.accepted_per_position,
                                  acc.num_drafts, acc.accepted_per_position)
     for t, p_adj in zip(tests, stats.holm([t.p for t in tests])):
-        t.p_adjusted = p_adj
-        if stats.is_drift(p_adj, t.delta, alpha, tol.acceptance_min_effect):
-            t.drift = True
-            cmp.position_drift[t.position] = True
-            cmp.reasons.append(stats.position_message(t, REFERENCE, alpha))
-    if temperature == 0 and tol.require_token_parity and divergences:
-        d = divergences[0]
-        cmp.reasons.append(f"tokens differ from eager in {len(divergences)} request(s); first: request {d.req_id} "
-                           f"at output token {d.output_index}")
-    if max_d > tol.logprob_abs:
-        cmp.reasons.append(f"max |logprob - eager| {max_d:.3g} > {tol.logprob_abs:g}")
-    cmp.drafts = draft_parity(reference.drafts, run.drafts)
-    if tol.require_draft_parity:
-        dp = cmp.drafts
-        if dp.mismatches:
-            f = dp.first_mismatch
-            cmp.reasons.append(f"{dp.mismatches} of {dp.compared} drafts differ from eager's for the same context; "
-                               f"first: request {f['req_id']}, position {f['position']} (draft {f['draft_index']})")
-        if dp.max_abs_logprob_diff > tol.logprob_abs:
-            cmp.reasons.append(f"max |draft logprob - eager| {dp.max_abs_logprob_diff:.3g} > {tol.logprob_abs:g}")
-    if cmp.drafts.max_abs_verify_logprob_diff > tol.logprob_abs:
-        cmp.reasons.append(f"max |verify-row target logprob - eager| {cmp.drafts.max_abs_verify_logprob_diff:.3g}"
-                           f" > {tol.logprob_abs:g}")
+        cmp.position_drift[t.position] = stats.is_drift(p_adj, t.delta, alpha, min_effect)
+    cmp.drafts = draft_parity(eager.drafts, run.drafts, {r: s["position"] for r, s in splits.items()})
+    if reference is not None:
+        name, ref_run = reference
+        cmp.reference = reference_parity(run, ref_run, name)
+        cmp.reference_acceptance = acceptance(ref_run.drafts, k)
+        cmp.numerics = numbers
+        if not cmp.reference.bitwise_equal:
+            cmp.reasons.append(f"differs from its padded reference ({name}) in {cmp.reference.rows_differing} "
+                               f"record(s); first: {describe(cmp.reference.first_difference)}")
     cmp.verdict = "drift" if cmp.reasons else "pass"
     return cmp
 
 
-def compare_runs(runs: dict, scenario) -> dict[str, ModeComparison]:
-    """Every mode against eager; eager itself is compared with itself (always passes)."""
-    if REFERENCE not in runs:
-        raise ValueError("the eager run is the reference and must be present")
-    ref = runs[REFERENCE].result
-    k = scenario.num_speculative_tokens
-    return {mode: compare_mode(mode, ref, run.result, k, scenario.temperature, scenario.tolerances, len(runs))
-            for mode, run in runs.items()}
+def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
+    """Eager, then every graph mode against its padded reference (verdict) and against eager (numerics)."""
+    runs, references, reference_of = runset.runs, runset.references, runset.reference_of
+    if EAGER not in runs:
+        raise ValueError("the eager run is the reference of numerics and must be present")
+    eager = runs[EAGER].result
+    k, tol = scenario.num_speculative_tokens, scenario.tolerances
+    # The family is every position of every graph mode: Holm within a mode at alpha / (graph modes).
+    alpha = tol.alpha / max(1, len(runs) - 1)
+    numbers = {name: numerics(ref.result, eager, name) for name, ref in references.items()}
+    out = {}
+    for mode, run in runs.items():
+        name = reference_of.get(mode)
+        reference = (name, references[name].result) if name is not None else None
+        out[mode] = compare_mode(mode, eager, run.result, k, alpha, tol.acceptance_min_effect, reference,
+                                 numbers.get(name))
+    return out

@@ -24,33 +24,41 @@ class DraftParity:
     # The target's logprob of its own choice at every verified row with the same context:
     # rows of rejected drafts included, which emitted tokens never show.
     max_abs_verify_logprob_diff: float = 0.0
+    # Every mismatch: request, position, draft index, both tokens, the reference side's top-2 gap.
+    flips: tuple = ()
 
 
-def _chains(drafts: pd.DataFrame) -> dict[tuple[int, int], list[tuple[int, float]]]:
+def _chains(drafts: pd.DataFrame) -> dict[tuple[int, int], list[tuple]]:
     chains: dict = {}
     for (req_id, step), rows in drafts.groupby(["req_id", "step"], sort=False):
         rows = rows.sort_values("draft_index")
         key = (int(req_id), int(rows["position"].iloc[0]))
         chains[key] = list(zip(rows["draft_token"].tolist(), rows["draft_logprob"].tolist(),
-                               rows["target_logprob"].tolist()))
+                               rows["target_logprob"].tolist(), rows["draft_top2_gap"].tolist()))
     return chains
 
 
-def draft_parity(reference: pd.DataFrame, run: pd.DataFrame) -> DraftParity:
-    """Compare the drafts of two runs wherever they drafted from the same context."""
+def draft_parity(reference: pd.DataFrame, run: pd.DataFrame, split_at: dict[int, int] | None = None) -> DraftParity:
+    """Compare the drafts of two runs wherever they drafted from the same context.
+
+    `split_at` maps a request to the position of the first token where the two
+    runs' streams differ; proposals drafted after it saw another context and
+    are not compared.
+    """
     ref, other = _chains(reference), _chains(run)
-    compared = mismatches = 0
-    worst, worst_verify, first = 0.0, 0.0, None
+    split_at = split_at or {}
+    compared = 0
+    worst, worst_verify, flips = 0.0, 0.0, []
     for key in sorted(ref.keys() & other.keys()):
-        for index, ((tok_a, lp_a, tl_a), (tok_b, lp_b, tl_b)) in enumerate(zip(ref[key], other[key])):
+        if key[1] > split_at.get(key[0], key[1]):
+            continue
+        for index, (a, b) in enumerate(zip(ref[key], other[key])):
             compared += 1
             # row `index` of the verify query holds the drafts before it: same context so far
-            worst_verify = max(worst_verify, abs(tl_a - tl_b))
-            if tok_a != tok_b:
-                mismatches += 1
-                if first is None:
-                    first = {"req_id": key[0], "position": key[1] + index, "draft_index": index,
-                             "eager_token": int(tok_a), "mode_token": int(tok_b)}
+            worst_verify = max(worst_verify, abs(a[2] - b[2]))
+            if a[0] != b[0]:
+                flips.append({"req_id": key[0], "position": key[1] + index, "draft_index": index,
+                              "eager_token": int(a[0]), "mode_token": int(b[0]), "eager_gap": float(a[3])})
                 break
-            worst = max(worst, abs(lp_a - lp_b))
-    return DraftParity(compared, mismatches, worst, first, worst_verify)
+            worst = max(worst, abs(a[1] - b[1]))
+    return DraftParity(compared, len(flips), worst, flips[0] if flips else None, worst_verify, tuple(flips))

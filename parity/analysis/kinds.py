@@ -8,7 +8,6 @@ FROZEN_AT_CAPTURE = "FROZEN_AT_CAPTURE"
 PADDING_LEAK = "PADDING_LEAK"
 POOL_ALIAS = "POOL_ALIAS"
 CAPTURE_CONTEXT = "CAPTURE_CONTEXT"
-NUMERIC_NOISE = "NUMERIC_NOISE"
 UNKNOWN = "UNKNOWN"
 NONE = "NONE"
 
@@ -19,7 +18,6 @@ EXPLAIN = {
     PADDING_LEAK: "padded entries were not made inert and leak into real rows",
     POOL_ALIAS: "drafter temporaries share a graph pool with live target outputs",
     CAPTURE_CONTEXT: "the graph was captured with other metadata than the one replay refreshes",
-    NUMERIC_NOISE: "different kernels for padded shapes: tiny deltas, no token change",
     UNKNOWN: "localised, but no buffer or captured value explains it",
     NONE: "no divergence found",
 }

@@ -7,7 +7,8 @@ import datetime as _dt
 import parity
 from parity.analysis.compare import ModeComparison
 
-SCHEMA_VERSION = 1
+# 2: per graph mode `reference` (bitwise verdict) and `numerics`; top-level `references`.
+SCHEMA_VERSION = 2
 
 
 def _decode(tokenizer, ids: list[int]) -> str:
@@ -20,7 +21,7 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
                   comparisons: dict[str, ModeComparison], runs: dict, tokenizer=None,
                   diagnosis: dict | None = None) -> dict:
     """Everything a report shows, as JSON-ready data; the verdict is drift if any mode drifts."""
-    modes = {mode: mode_summary(cmp, runs[mode]) for mode, cmp in comparisons.items()}
+    modes = {mode: mode_summary(cmp, runs.runs[mode]) for mode, cmp in comparisons.items()}
     divergences = {mode: divergence_summary(cmp, tokenizer) for mode, cmp in comparisons.items() if cmp.divergences}
     verdict = "drift" if any(m["verdict"] == "drift" for m in modes.values()) else "pass"
     return {
@@ -41,6 +42,8 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
         "verdict": verdict,
         "modes": modes,
         "divergences": divergences,
+        "references": {name: {"modes": [m for m, r in runs.reference_of.items() if r == name]}
+                       for name in runs.references},
         "diagnosis": diagnosis,
     }
 
@@ -69,7 +72,20 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
         "num_output_tokens": int(len(run.result.tokens)),
         "forwards_by_runtime_mode": {str(k): int(v) for k, v in forwards.groupby("runtime_mode").size().items()},
         "capture": run.capture,
+        "reference": reference_summary(cmp),
+        "numerics": cmp.numerics.as_dict() if cmp.numerics is not None else None,
     }
+
+
+def reference_summary(cmp: ModeComparison) -> dict | None:
+    """The verdict's evidence: bitwise parity with the padded reference, its acceptance, padding checks."""
+    if cmp.reference is None:
+        return None
+    acc = cmp.reference_acceptance
+    return {**cmp.reference.as_dict(),
+            "acceptance_per_position": [round(r, 6) for r in acc.rates],
+            "mean_acceptance_length": round(acc.mean_acceptance_length, 6),
+            "padding": cmp.padding}
 
 
 def divergence_summary(cmp: ModeComparison, tokenizer) -> dict:

@@ -11,6 +11,7 @@ from parity.errors import ParityInputError
 from parity.faults.catalog import resolve_faults
 from parity.faults.mutations import apply
 from parity.harness.request import RunRequest
+from parity.harness.simulated_numerics import simulate_padding_numerics
 
 EXIT_PASS, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
 DEFAULT_SCENARIO = "scenarios/default.yaml"
@@ -35,22 +36,28 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-path", default=None, help="local folder of the draft head checkpoint")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights dtype (auto: float32 for embedded pairs, bfloat16 for real ones on GPU)")
+    p.add_argument("--simulate-padding-numerics", type=float, default=0.0, metavar="SCALE",
+                   help="test seam: padded forwards (graphs and their references, never eager) move their logits "
+                        "by SCALE x a fixed function of the padded shape, as bf16 kernels on a GPU do "
+                        "(docs/verdicts.md)")
 
 
 def requested_modes(text: str | None) -> tuple[str, ...] | None:
     return None if text in (None, "", "all") else tuple(m.strip() for m in text.split(","))
 
 
-def injected(names) -> dict:
-    """The engine parts and capture policy with every `--inject`ed fault applied."""
-    resolve_faults(names)
-    parts, policy = apply(list(dict.fromkeys(names)))
-    return {"parts": parts, "policy": policy}
+def engine_parts(args) -> dict:
+    """The engine parts and capture policy: every `--inject`ed fault applied, and the numerics seam if asked."""
+    resolve_faults(args.inject)
+    if args.simulate_padding_numerics < 0:
+        raise ParityInputError(f"--simulate-padding-numerics must be >= 0, got {args.simulate_padding_numerics}")
+    parts, policy = apply(list(dict.fromkeys(args.inject)))
+    return {"parts": simulate_padding_numerics(parts, args.simulate_padding_numerics), "policy": policy}
 
 
 def run_request(args) -> RunRequest:
     """The harness request of `parity run` / `parity bisect` arguments."""
-    return RunRequest(args.model, args.scenario, requested_modes(args.modes), args.backend, **injected(args.inject),
+    return RunRequest(args.model, args.scenario, requested_modes(args.modes), args.backend, **engine_parts(args),
                       seed=args.seed, target_path=args.target_path, draft_path=args.draft_path, dtype=args.dtype,
                       bisect=not getattr(args, "no_bisect", False))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, console, injected, requested_modes
+from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, console, engine_parts, requested_modes
 from parity.errors import ParityInputError
 from parity.harness.gate import GateRequest, check_output_path, run_gate
 from parity.report.artifacts import write_run
@@ -45,7 +45,7 @@ def main(args) -> int:
         if extra:
             raise ParityInputError(f"{', '.join(extra)}: not with --import (imports compare files, not engine runs)")
     request = GateRequest(args.model, args.scenario, requested_modes(args.modes), args.backend,
-                          **injected(args.inject), seed=args.seed, target_path=args.target_path,
+                          **engine_parts(args), seed=args.seed, target_path=args.target_path,
                           draft_path=args.draft_path, dtype=args.dtype, baseline=args.baseline,
                           update_baseline=args.update_baseline, imports=tuple(args.imports),
                           num_drafts=args.num_drafts)

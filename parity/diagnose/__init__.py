@@ -1,23 +1,24 @@
-"""Bisection: from "this mode drifted" to the buffer and bug class that explain it.
+"""Bisection: from "this mode differs from its padded reference" to the buffer and bug class.
 
-1. Localise (`bisector.py`): drive an eager engine and a graph engine of the
+1. Localise (`bisector.py`): drive the mode's strict padded reference (eager
+   at the mode's padded shapes, its padding poisoned) and a graph engine of the
    same build in lockstep over the same schedule; the first forward whose
-   outputs (logits, draft tokens, draft hidden states, KV cache) differ beyond
-   tolerance is the divergence. Target outputs are also re-checked at the end
+   outputs (logits, draft tokens, draft hidden states, KV cache) differ by a
+   single bit is the divergence. Target outputs are also re-checked at the end
    of every step, so a drafter replay that overwrites them (a shared pool) is
    caught (`pool.py`).
 2. Audit that forward (`audit.py`): the graph's capture manifest against the
    live registry (another address: reassigned), the captured buffers against
-   the values the eager forward used (same address, other values: stale),
+   the values the reference forward used (same address, other values: stale),
    padded entries against inert values (padding leak).
 3. Confirm causally (`audit.py`): repair suspects in the captured buffers and
-   replay; delta-debug to the smallest set that restores parity. When no
-   buffer explains it, re-capture under the live context (`recapture.py`): if
-   that restores parity the graph baked something at capture, either whole
+   replay; delta-debug to the smallest set that restores bitwise parity. When
+   no buffer explains it, re-capture under the live context (`recapture.py`):
+   if that restores parity the graph baked something at capture, either whole
    metadata tensors (capture context) or Python values (frozen at capture),
    delta-debugged field by field.
-4. Otherwise layer probes (`probes.py`), then NUMERIC_NOISE when tokens agree
-   within tolerance, else UNKNOWN with the localisation found. Never a guess.
+4. Otherwise layer probes (`probes.py`), then UNKNOWN with the localisation
+   found. Never a guess.
 
 The bisector sees only engines and their graphs: it never reads which bugs
 were switched on when an engine was built.

@@ -2,7 +2,7 @@
 
 Suspects come from the capture manifest: a buffer whose name now points at
 another tensor (BUFFER_REASSIGNED), a captured buffer holding other values
-than the eager forward used (STALE_BUFFER), a padded entry that is not inert
+than the reference forward used (STALE_BUFFER), a padded entry that is not inert
 (PADDING_LEAK). Each suspect carries its repair: the values to copy into the
 captured tensor. Delta debugging keeps the smallest set of repairs that
 restores parity.
@@ -33,7 +33,7 @@ class Suspect(NamedTuple):
 
 
 def find_suspects(ref, graph, ev_r, ev_g, snaps, entry) -> list[Suspect]:
-    """Every captured buffer that differs from what eager used, and every non-inert padded entry."""
+    """Every captured buffer that differs from what the reference used, and every non-inert padded entry."""
     dispatch = ev_g.dispatch
     registry = dict(registry_of(graph, ev_g.owner).items())
     ref_registry = registry_of(ref, ev_r.owner)
@@ -66,7 +66,7 @@ def find_suspects(ref, graph, ev_r, ev_g, snaps, entry) -> list[Suspect]:
     contract.sort(key=lambda name: _INDEX_ORDER.index(graph_registry.spec(name).index))
     for name in contract:
         spec = graph_registry.spec(name)
-        region = spec.padding(dispatch)
+        region = spec.padded(dispatch)
         if region.stop <= region.start:
             continue
         inert = spec.inert_value(dispatch.num_tokens)
@@ -103,7 +103,7 @@ def explain(bisector, graph, ev_g, culprits: list[Suspect], entry, **where):
     first = next((e for e in entry.manifest if e.name == names[0]), None)
     live = dict(registry_of(graph, ev_g.owner).items()).get(names[0])
     evidence = [f"{s.kind.lower()}: {s.name}" for s in culprits]
-    evidence.append(f"copying eager's values of {', '.join(names)} into the captured buffers "
-                    "and replaying restores parity")
+    evidence.append(f"copying the padded reference's values of {', '.join(names)} into the captured buffers "
+                    "and replaying restores bitwise parity")
     return bisector.diagnosis(kind, names, ev_g, captured=first.address if first else None,
                               live=live.data_ptr() if live is not None else None, evidence=evidence, **where)

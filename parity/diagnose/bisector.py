@@ -5,31 +5,45 @@ from __future__ import annotations
 import torch
 
 from parity.analysis.kinds import NONE, UNKNOWN
-from parity.diagnose import audit, pool, recapture
+from parity.diagnose import audit, padding, pool, recapture
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
-from parity.graphs.factory import install_graphs
+from parity.graphs.factory import install_graphs, install_padded_reference
 from parity.graphs.modes import EAGER
 from parity.graphs.policy import CapturePolicy
 
 
 def bisect_mode(make_engine, specs, mode: str, backend: str, scenario, policy: CapturePolicy,
-                tolerance: float = 1e-3) -> Diagnosis:
-    """Diagnose why `mode` drifts from eager for engines built by `make_engine`."""
+                graph_matches_clean_reference: bool = False) -> Diagnosis:
+    """Diagnose why `mode` differs from its strict padded reference, for engines built by `make_engine`.
 
-    def reference(engine):
-        install_graphs(engine, "eager", backend)
+    First the graphs against the reference on clean padding (graph bugs); when
+    they agree throughout, the reference on clean padding against the
+    reference on poisoned padding (padding leaks). Every comparison is bit for bit.
+    """
+
+    def reference(poison: bool):
+        return lambda engine: install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode,
+                                                       poison=poison)
 
     def graphs(engine):
         install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode, policy)
 
-    return Bisector(make_engine, reference, graphs, specs, mode, tolerance).run()
+    diagnosis = Diagnosis(NONE, [], mode)
+    replays = 0
+    if not graph_matches_clean_reference:
+        diagnosis = Bisector(make_engine, reference(False), graphs, specs, mode).run()
+        replays = diagnosis.replays
+    if diagnosis.kind == NONE:
+        diagnosis = PaddingBisector(make_engine, reference(False), reference(True), specs, mode).run()
+        diagnosis.replays += replays
+    return diagnosis
 
 
 class Bisector:
     """Drives an eager and a graph engine in lockstep and diagnoses the first divergence."""
 
-    def __init__(self, make_engine, install_reference, install_graph, specs, mode: str, tolerance: float = 1e-3):
+    def __init__(self, make_engine, install_reference, install_graph, specs, mode: str, tolerance: float = 0.0):
         self.make_engine = make_engine
         self.install_reference = install_reference
         self.install_graph = install_graph
@@ -69,8 +83,10 @@ class Bisector:
                 target_out = (ev_g.logits, out_r["logits"], ev_g)
             elif target_out is not None and overwritten_by is None and _logits_drift(*target_out) > self.tol:
                 overwritten_by = ev_g
-        return Diagnosis(NONE, [], self.mode, evidence=["every forward matched eager within tolerance"],
+        return Diagnosis(NONE, [], self.mode, evidence=[f"every forward matched bit for bit ({self.matched})"],
                          replays=self.replays)
+
+    matched = "graphs and their padded reference"
 
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
         dispatch = ev_g.dispatch
@@ -107,6 +123,16 @@ class Bisector:
                          draft_step=event.draft_step, forward_index=event.index, rows=list(rows), graph=graph_info,
                          captured_address=captured, live_address=live, evidence=list(evidence),
                          replays=self.replays, max_abs_diff=max_abs_diff)
+
+
+class PaddingBisector(Bisector):
+    """The reference on clean padding (as `ref`) against the reference on poisoned padding (as `graph`)."""
+
+    matched = "the padded reference on clean and on poisoned padding"
+
+    def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
+        where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}
+        return padding.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, **where)
 
 
 def _logits_drift(logits_g, logits_r, verify_event) -> float:

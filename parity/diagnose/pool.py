@@ -1,4 +1,4 @@
-"""POOL_ALIAS: target logits that matched eager after the verify forward changed before the step's end.
+"""POOL_ALIAS: target logits that matched the reference after the verify forward changed before the step's end.
 
 Only another graph's replay can write there, so the drafter replay during
 which they changed is replayed once more on restored logits: if it overwrites
@@ -13,8 +13,8 @@ from parity.graphs.manager import restore_tensors, snapshot_tensors
 
 
 def diagnose(bisector, graph, verify_event, overwritten_by, drift: float, logits_r):
-    evidence = ["target logits matched eager after the verify forward, then changed before the step's end "
-                f"(max |Δ| {drift:.3g})"]
+    evidence = ["target logits matched the padded reference after the verify forward, then changed before "
+                f"the step's end (max |Δ| {drift:.3g})"]
     if overwritten_by is not None:
         d = overwritten_by.dispatch
         evidence.append(f"they changed during the {d.phase} replay (draft step {overwritten_by.draft_step}, "

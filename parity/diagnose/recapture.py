@@ -5,16 +5,16 @@ and the old one never did (CAPTURE_CONTEXT), or Python values of the metadata,
 delta-debugged field by field by re-capturing with the captured values of
 every field but a subset (FROZEN_AT_CAPTURE). When even a re-capture does not
 restore parity, layer probes say where the difference starts, and the verdict
-is NUMERIC_NOISE only when tokens agree within tolerance, else UNKNOWN.
+is UNKNOWN: no diagnosis is made for what no experiment isolated.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from parity.analysis.kinds import CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, NUMERIC_NOISE, UNKNOWN
+from parity.analysis.kinds import CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, UNKNOWN
 from parity.diagnose.probes import probe_layers
-from parity.diagnose.state import METADATA_FIELDS, forward_fn, outputs, restore, tokens_agree
+from parity.diagnose.state import METADATA_FIELDS, forward_fn, restore
 from parity.diagnose.delta_debug import ddmin
 from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
@@ -43,10 +43,7 @@ def diagnose(bisector, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, su
         if suspects:
             evidence.append("suspects that did not explain it: " + ", ".join(sorted({s.name for s in suspects})))
         evidence += probe_layers(bisector, ref, graph, ev_r, ev_g, snaps)
-        noise = tokens_agree(out_r, outputs(graph, ev_g)) and worst <= 10 * bisector.tol
-        if noise:
-            evidence.append(f"tokens agree and the largest delta ({worst:.3g}) stays within 10x tolerance")
-        return bisector.diagnosis(NUMERIC_NOISE if noise else UNKNOWN, [], ev_g, evidence=evidence, **where)
+        return bisector.diagnosis(UNKNOWN, [], ev_g, evidence=evidence, **where)
 
     old = {e.name for e in entry.manifest}
     new = {e.name for e in build_manifest(fresh.read_storages, executor.registries)}

@@ -78,11 +78,3 @@ def diff_rows(a: dict, b: dict, tol: float) -> list[int]:
             per_row = delta.reshape(delta.shape[0], -1).amax(dim=1) if delta.dim() > 1 else delta
             return [int(i) for i in torch.nonzero(per_row > tol).flatten().tolist()]
     return []
-
-
-def tokens_agree(out_r: dict, out_g: dict) -> bool:
-    if "logits" in out_r:
-        return torch.equal(out_r["logits"].argmax(-1), out_g["logits"].argmax(-1))
-    return torch.equal(out_r["draft_tokens"], out_g["draft_tokens"])
-
-

@@ -19,6 +19,9 @@ from parity.engine.kv_cache import PAD_SLOT
 TOKEN, ROW, ROW_PLUS_ONE = "token", "row", "row+1"
 # The pad value of query_start_loc: padded rows start (and end) at the number of real tokens.
 NUM_TOKENS = "num_tokens"
+# What padded entries of a buffer may hold when a forward runs:
+INERT = "inert"   # exactly the pad value: the padding contract (PAD slots, zero seq_lens, clamped starts)
+FREE = "free"     # anything at all: inputs of padded tokens and rows that no real output may depend on
 
 
 @dataclass(frozen=True)
@@ -27,10 +30,11 @@ class BufferSpec:
 
     index: str | None = None          # TOKEN, ROW, ROW_PLUS_ONE, or None (not batch-indexed)
     pad: int | str | None = None      # what the builder writes into padded entries (NUM_TOKENS: the real count)
-    # The padding contract: padded entries must still hold `pad` when a forward runs
-    # (PAD slots, zero seq_lens, clamped query_start_loc). Other pads are fill values
-    # a forward may overwrite (a draft step samples tokens for its padded rows too).
-    inert: bool = False
+    padding: str | None = None        # INERT, FREE, or None (outputs, and buffers not indexed by the batch)
+
+    @property
+    def inert(self) -> bool:
+        return self.padding == INERT
 
     def inert_value(self, num_tokens: int) -> int | None:
         return num_tokens if self.pad == NUM_TOKENS else self.pad
@@ -45,7 +49,7 @@ class BufferSpec:
             return slice(0, num_reqs)
         return slice(None)
 
-    def padding(self, dispatch) -> slice:
+    def padded(self, dispatch) -> slice:
         """The entries that are padding in a forward of `dispatch` (empty when not batch-indexed)."""
         if self.index == TOKEN:
             return slice(dispatch.num_tokens, dispatch.num_tokens_padded)
@@ -64,12 +68,12 @@ class InputBuffers:
         self._specs: dict[str, BufferSpec] = {}
 
     def register(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, index: str | None = None,
-                 pad: int | str | None = None, inert: bool = False) -> torch.Tensor:
+                 pad: int | str | None = None, padding: str | None = None) -> torch.Tensor:
         if name in self._tensors:
             raise KeyError(f"{self.owner}: buffer {name!r} registered twice")
         tensor = torch.zeros(shape, dtype=dtype, device=self.device)
         self._tensors[name] = tensor
-        self._specs[name] = BufferSpec(index, pad, inert)
+        self._specs[name] = BufferSpec(index, pad, padding)
         return tensor
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -96,11 +100,31 @@ def register_attention_buffers(buffers: InputBuffers, max_tokens: int, max_reqs:
                                blocks_per_seq: int) -> None:
     """The buffers every paged-attention forward reads (vLLM's CommonAttentionMetadata)."""
     i64 = torch.int64
-    buffers.register("input_ids", (max_tokens,), i64, TOKEN, 0)
-    buffers.register("positions", (max_tokens,), i64, TOKEN, 0)
-    buffers.register("query_start_loc", (max_reqs + 1,), i64, ROW_PLUS_ONE, NUM_TOKENS, inert=True)
-    buffers.register("seq_lens", (max_reqs,), i64, ROW, 0, inert=True)
-    buffers.register("slot_mapping", (max_tokens,), i64, TOKEN, PAD_SLOT, inert=True)
-    buffers.register("block_table", (max_reqs, blocks_per_seq), i64, ROW, 0)
-    buffers.register("window_start", (max_tokens,), i64, TOKEN, 0)
-    buffers.register("req_ids", (max_reqs,), i64, ROW, 0)
+    buffers.register("input_ids", (max_tokens,), i64, TOKEN, 0, FREE)
+    buffers.register("positions", (max_tokens,), i64, TOKEN, 0, FREE)
+    buffers.register("query_start_loc", (max_reqs + 1,), i64, ROW_PLUS_ONE, NUM_TOKENS, INERT)
+    buffers.register("seq_lens", (max_reqs,), i64, ROW, 0, INERT)
+    buffers.register("slot_mapping", (max_tokens,), i64, TOKEN, PAD_SLOT, INERT)
+    buffers.register("block_table", (max_reqs, blocks_per_seq), i64, ROW, 0, FREE)
+    buffers.register("window_start", (max_tokens,), i64, TOKEN, 0, FREE)
+    buffers.register("req_ids", (max_reqs,), i64, ROW, 0, FREE)
+
+
+def poison_padding(buffers: InputBuffers, dispatch, salt: int) -> None:
+    """Fill every FREE padded entry with values taken from real entries of the same buffer.
+
+    Values copied from real entries are always valid (token ids, positions, block
+    ids, row indices in range), yet differ from what a clean batch holds there; a
+    correct forward's real outputs cannot change. `salt` varies the pattern.
+    """
+    for name, tensor in buffers.items():
+        spec = buffers.spec(name)
+        if spec.padding != FREE:
+            continue
+        real, padded = spec.used(dispatch.num_tokens, dispatch.num_reqs), spec.padded(dispatch)
+        count, holes = real.stop - real.start, padded.stop - padded.start
+        if count <= 0 or holes <= 0:
+            continue
+        picks = (torch.arange(holes, device=tensor.device) * 7 + salt) % count + real.start
+        values = tensor[picks]
+        tensor[padded] = values if not tensor.is_floating_point() else values * -3.0

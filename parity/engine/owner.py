@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from parity.engine.buffers import InputBuffers
+from parity.engine.buffers import InputBuffers, poison_padding
 from parity.engine.kv_cache import PagedKVCache
 from parity.graphs.descriptor import EagerExecutor
 
@@ -37,6 +37,7 @@ class Owner:
 
     def __init__(self):
         self.executor = EagerExecutor()
+        self._poisoned = 0
 
     def forwards(self) -> tuple[Forward, ...]:
         raise NotImplementedError
@@ -54,3 +55,8 @@ class Owner:
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor a forward of this owner may read or write: its buffers and its KV cache."""
         return [t for _, t in self.buffers.items()] + self.kv_cache.tensors()
+
+    def poison_padding(self, dispatch) -> None:
+        """Before a padded forward of a reference: padded inputs get values no real output may depend on."""
+        poison_padding(self.buffers, dispatch, self._poisoned)
+        self._poisoned += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from parity.engine import rejection
-from parity.engine.buffers import ROW, TOKEN, InputBuffers, register_attention_buffers
+from parity.engine.buffers import FREE, ROW, TOKEN, InputBuffers, register_attention_buffers
 from parity.engine.config import EngineConfig
 from parity.engine.kv_cache import PagedKVCache
 from parity.engine.metadata import MetadataBuilder, RowPlan
@@ -36,12 +36,14 @@ class EagleProposer(Owner):
         register_attention_buffers(b, config.max_num_batched_tokens, config.max_num_seqs, config.blocks_per_seq)
         dtype = head.fc.weight.dtype
         vocab = head.lm_head.weight.shape[0]
-        b.register("hidden_states", (config.max_num_batched_tokens, hc.hidden_size), dtype, TOKEN)
-        b.register("sample_indices", (config.max_num_seqs,), torch.int64, ROW, 0)
+        b.register("hidden_states", (config.max_num_batched_tokens, hc.hidden_size), dtype, TOKEN, None, FREE)
+        b.register("sample_indices", (config.max_num_seqs,), torch.int64, ROW, 0, FREE)
         b.register("draft_step", (1,), torch.int64)
         b.register("draft_tokens", (config.max_num_seqs, k), torch.int64, ROW)
         b.register("draft_logprobs", (config.max_num_seqs, k), torch.float32, ROW)
         b.register("draft_probs", (config.max_num_seqs, k, vocab), torch.float32, ROW)
+        # top-1 minus top-2 draft logprob: how close a draft was to a tie (numerics reports read it)
+        b.register("draft_gaps", (config.max_num_seqs, k), torch.float32, ROW)
         head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
         self.kv_cache = PagedKVCache(hc.num_hidden_layers, config.num_blocks, config.block_size,
                                      hc.num_key_value_heads, head_dim, dtype, device)
@@ -115,13 +117,14 @@ class EagleProposer(Owner):
         self.buffers["draft_step"].add_(1)
         meta.draft_step += 1
 
-    def read_drafts(self, n: int) -> list[tuple[list[int], list[float], torch.Tensor | None]]:
-        """Per row: the K draft tokens, their logprobs and (when sampling) their distributions."""
+    def read_drafts(self, n: int) -> list[tuple]:
+        """Per row: the K draft tokens, their logprobs, top-2 gaps and (when sampling) distributions."""
         b = self.buffers
         tokens = b["draft_tokens"][:n].tolist()
         logprobs = b["draft_logprobs"][:n].tolist()
+        gaps = b["draft_gaps"][:n].tolist()
         probs = b["draft_probs"][:n].clone() if self.config.temperature > 0 else None
-        return [(tokens[i], logprobs[i], probs[i] if probs is not None else None) for i in range(n)]
+        return [(tokens[i], logprobs[i], gaps[i], probs[i] if probs is not None else None) for i in range(n)]
 
     # --- captured bodies -------------------------------------------------------------
 
@@ -152,18 +155,25 @@ class EagleProposer(Owner):
         """Sample one draft token per row and write the inputs of the next draft step."""
         b = self.buffers
         cfg = self.config
-        logits = self.head.logits(row_hidden)
+        logits = self.draft_logits(row_hidden, meta)
         tokens = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
                                         req_ids=b["req_ids"][:n], positions=drafted_positions)
         probs = rejection.draft_distribution(logits, cfg.temperature)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1))
+        all_logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = all_logprobs.gather(1, tokens.unsqueeze(1))
+        top2 = all_logprobs.topk(2, dim=-1).values
         column = self.draft_column(n, meta)                                # [n, 1]
         b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
         b["draft_logprobs"][:n].scatter_(1, column, logprobs)
+        b["draft_gaps"][:n].scatter_(1, column, top2[:, :1] - top2[:, 1:])
         vocab = probs.shape[-1]
         b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
         b["input_ids"][:n].copy_(tokens)
         self.store_hidden(row_hidden, n)
+
+    def draft_logits(self, row_hidden: torch.Tensor, meta) -> torch.Tensor:
+        """The draft distribution's logits for the drafted rows: [n, vocab] fp32."""
+        return self.head.logits(row_hidden)
 
     def draft_column(self, n: int, meta) -> torch.Tensor:
         """The output column of this draft step, from the `draft_step` buffer: [n, 1]."""

@@ -8,9 +8,10 @@ import pandas as pd
 import torch
 
 DRAFT_COLUMNS = ["step", "req_id", "draft_index", "position", "draft_token", "draft_logprob",
-                 "target_token", "target_logprob", "top5_tokens", "top5_logprobs", "accepted",
-                 "num_accepted"]
-TOKEN_COLUMNS = ["req_id", "step", "output_index", "position", "token", "logprob"]
+                 "draft_top2_gap", "target_token", "target_logprob", "top5_tokens", "top5_logprobs",
+                 "accepted", "num_accepted"]
+# top2_gap: top-1 minus top-2 target logprob at the row that emitted the token (a near tie when small)
+TOKEN_COLUMNS = ["req_id", "step", "output_index", "position", "token", "logprob", "top2_gap"]
 FORWARD_COLUMNS = ["step", "phase", "draft_step", "runtime_mode", "num_tokens", "num_reqs",
                    "num_tokens_padded", "num_reqs_padded"]
 TOP_K = 5
@@ -55,15 +56,17 @@ class Records:
                     "req_id": req.req_id, "step": step, "output_index": first_index + j,
                     "position": base + j, "token": tok,
                     "logprob": float(logprobs[query_index + j, tok]),
+                    "top2_gap": top_lp[query_index + j][0] - top_lp[query_index + j][1],
                 })
             if row.is_prefill or k == 0:
                 continue
-            draft_tokens, draft_logprobs = verified[i]
+            draft_tokens, draft_logprobs, draft_gaps = verified[i]
             for j in range(k):
                 q = starts[i] + j
                 self.drafts.append({
                     "step": step, "req_id": req.req_id, "draft_index": j, "position": base + j,
                     "draft_token": draft_tokens[j], "draft_logprob": draft_logprobs[j],
+                    "draft_top2_gap": draft_gaps[j],
                     "target_token": top_ids[q][0], "target_logprob": top_lp[q][0],
                     "top5_tokens": top_ids[q], "top5_logprobs": top_lp[q],
                     "accepted": j < accepted, "num_accepted": accepted,

@@ -22,6 +22,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)   # prompt + output
     drafts: list[int] = field(default_factory=list)   # proposed, awaiting verification
     draft_logprobs: list[float] = field(default_factory=list)
+    draft_gaps: list[float] = field(default_factory=list)      # top-1 minus top-2 draft logprob
     draft_probs: object = None                        # [K, V] tensor when sampling
     blocks: list[int] = field(default_factory=list)
     finished: bool = False

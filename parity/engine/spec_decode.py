@@ -137,7 +137,8 @@ class SpecDecodeEngine:
         meta = target.builder.build(plans, dispatch.num_tokens_padded, dispatch.num_reqs_padded)
         logits, features = yield from self._forward(step, target, dispatch, meta, None, records, len(rows))
         emitted = sampling.emit(rows, plans, starts, logits, self.config, k)
-        verified = [(list(r.request.drafts), list(r.request.draft_logprobs)) for r in rows]
+        verified = [(list(r.request.drafts), list(r.request.draft_logprobs), list(r.request.draft_gaps))
+                    for r in rows]
         if self.proposer is not None:
             yield from self._draft(step, rows, plans, starts, emitted, features, records)
         else:
@@ -163,8 +164,9 @@ class SpecDecodeEngine:
                 if j > 1:
                     proposer.advance(meta, dispatch)
                 yield from self._forward(step, proposer, dispatch, meta, j, records, n)
-        for row, (tokens, logprobs, probs) in zip(rows, proposer.read_drafts(n)):
-            row.request.drafts, row.request.draft_logprobs, row.request.draft_probs = tokens, logprobs, probs
+        for row, (tokens, logprobs, gaps, probs) in zip(rows, proposer.read_drafts(n)):
+            req = row.request
+            req.drafts, req.draft_logprobs, req.draft_gaps, req.draft_probs = tokens, logprobs, gaps, probs
 
     def _forward(self, step: int, owner: Owner, dispatch: Dispatch, meta, draft_step, records, num_rows):
         """Run one forward of `owner` between a pre and a post event."""

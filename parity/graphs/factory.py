@@ -48,11 +48,18 @@ def dispatcher_for(engine, owner, mode: str, capture_sizes) -> Dispatcher:
     return Dispatcher(mode, sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens, uniform)
 
 
-def install_padded_reference(engine, mode: str, capture_sizes=None, drafter_mode: str | None = None) -> None:
-    """Make `engine` the strict reference of `mode`: same padding, eager execution."""
+def install_padded_reference(engine, mode: str, capture_sizes=None, drafter_mode: str | None = None,
+                             poison: bool = False) -> None:
+    """Make `engine` the strict reference of `mode`: same padding, eager execution.
+
+    With `poison`, every padded forward first fills its owner's free padding
+    (inputs of padded tokens and rows) with values no real output may depend
+    on, so the reference also proves the padding inert.
+    """
+    modes = owner_modes(engine, mode, drafter_mode)
     for owner in engine.owners():
-        owner_mode = owner_modes(engine, mode, drafter_mode)[owner.name]
-        owner.executor = PaddedEagerExecutor(dispatcher_for(engine, owner, owner_mode, capture_sizes))
+        owner.executor = PaddedEagerExecutor(dispatcher_for(engine, owner, modes[owner.name], capture_sizes),
+                                             owner.poison_padding if poison else None)
 
 
 def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, drafter_mode: str | None = None,

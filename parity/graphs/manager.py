@@ -88,16 +88,23 @@ def python_fields(meta) -> dict:
 
 
 class PaddedEagerExecutor:
-    """The strict reference: pads exactly as a graph mode does, but runs eagerly."""
+    """The strict reference: pads exactly as a graph mode does, but runs eagerly.
 
-    def __init__(self, dispatcher: Dispatcher):
+    `before(dispatch)`, when given, runs before every forward the mode would
+    replay a graph for: the padded reference poisons its padding there.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, before=None):
         self.dispatcher = dispatcher
         self.mode = dispatcher.mode
+        self.before = before
 
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
 
     def execute(self, dispatch: Dispatch, fn, meta):
+        if self.before is not None and dispatch.runtime_mode != EAGER:
+            self.before(dispatch)
         return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
 
 

@@ -47,3 +47,21 @@ def validate_capture_sizes(sizes) -> tuple[int, ...]:
     if sizes != sorted(set(sizes)):
         raise ParityInputError(f"capture sizes must be strictly increasing, got {sizes}")
     return tuple(sizes)
+
+
+# How a batch is shaped under a mode: padded in whole requests (a FULL uniform-decode
+# graph), padded in tokens (PIECEWISE, or FULL for mixed batches), or run as it is.
+REQUESTS, TOKENS, EXACT = "requests", "tokens", "exact"
+
+
+def padding_signature(mode: str) -> tuple[str, str]:
+    """(uniform batches, other batches): how `mode` pads each, which is all its padded reference depends on.
+
+    Modes with the same signature pad every batch alike, so they share one strict reference.
+    """
+    def shape(runtime: str, uniform: bool) -> str:
+        if runtime == EAGER:
+            return EXACT
+        return REQUESTS if runtime == FULL and uniform else TOKENS
+
+    return shape(runtime_for(mode, True), True), shape(runtime_for(mode, False), False)

@@ -23,7 +23,7 @@ from parity.analysis.compare import compare_runs
 from parity.analysis.gate import Pairing, evaluate_gate
 from parity.analysis.sources import from_acceptance
 from parity.harness.gate import engine_pairings, refuse_vacuous
-from parity.harness.modes import run_mode
+from parity.harness.modes import run_modes
 from parity.harness.request import resolve_backend
 from parity.models.pair import load_pair
 
@@ -42,10 +42,10 @@ def measure(scenario, seeds: int, mode: str = "full", backend: str = "emulated",
     graph_alarms, eager_acceptance, drafts, reasons = 0, [], [], []
     for seed in range(seeds):
         s = dataclasses.replace(scenario, seed=seed)
-        runs = {m: run_mode(pair, s, m, backend, device) for m in ("eager", mode)}
+        runs = run_modes(pair, s, ("eager", mode), backend, device)
         comparisons = compare_runs(runs, s)
-        refuse_vacuous(runs, comparisons)
-        result = evaluate_gate(engine_pairings(runs, comparisons, s), s.tolerances, s.temperature, seed=seed)
+        refuse_vacuous(runs.runs, comparisons)
+        result = evaluate_gate(engine_pairings(runs, comparisons, s), s.tolerances, seed=seed)
         if result.verdict == "drift":
             graph_alarms += 1
             reasons.append((seed, [c.message for c in result.failures]))

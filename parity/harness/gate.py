@@ -28,6 +28,7 @@ from parity.errors import ParityInputError
 from parity.graphs.policy import CapturePolicy
 from parity.harness.modes import run_modes
 from parity.harness.request import load_request_pair, load_request_scenario, resolve_backend, resolve_modes
+from parity.harness.session import check_padding
 from parity.harness.scenario import load_scenario
 from parity.importers.vllm import load_vllm
 
@@ -133,9 +134,11 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
 
     runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress)
     comparisons = compare_runs(runs, scenario)
-    refuse_vacuous(runs, comparisons)
+    refuse_vacuous(runs.runs, comparisons)
+    check_padding(pair, scenario, device, request, runs, comparisons)
     pairings = engine_pairings(runs, comparisons, scenario, baseline, baseline_path)
-    result = evaluate_gate(pairings, scenario.tolerances, scenario.temperature, seed=scenario.seed)
+    result = evaluate_gate(pairings, scenario.tolerances, seed=scenario.seed)
+    result.notes += noise_baselines(comparisons)
 
     report = {"kind": "engine", "model": pair.name, "model_checksum": pair.checksum(), "scenario": scenario.name,
               "backend": backend, "modes": list(modes), "reference": "eager",
@@ -171,21 +174,35 @@ def refuse_vacuous(runs: dict, comparisons: dict) -> None:
                                        f"too small for the scenario?): comparing it would prove nothing")
 
 
-def engine_pairings(runs: dict, comparisons: dict, scenario, baseline: dict | None = None,
+def engine_pairings(runs, comparisons: dict, scenario, baseline: dict | None = None,
                     baseline_path=None) -> list:
-    """Each graph mode against eager (with parity evidence), and each mode against the baseline if given."""
+    """Each graph mode against eager (acceptance) and its padded reference (parity); each against the baseline."""
     records = {m: from_acceptance(m, "engine", c.acceptance) for m, c in comparisons.items()}
     pairings = []
     for mode, cmp in comparisons.items():
         if mode == "eager":
             continue
-        first = cmp.divergences[0] if cmp.divergences else None
-        evidence = ParityEvidence(
-            cmp.tokens_equal_to_eager, len(cmp.divergences),
-            {"req_id": first.req_id, "output_index": first.output_index} if first else None,
-            cmp.max_abs_logprob_diff, cmp.drafts)
+        ref = cmp.reference
+        evidence = ParityEvidence(ref.reference, ref.bitwise_equal, ref.rows_compared, ref.rows_differing,
+                                  ref.first_difference, cmp.padding)
         pairings.append(Pairing(records[mode], records["eager"], "eager", evidence))
     if baseline is not None:
         base = baseline_records(baseline, str(baseline_path))
         pairings += [Pairing(records[m], base[m], "baseline") for m in comparisons]
     return pairings
+
+
+def noise_baselines(comparisons: dict) -> list[str]:
+    """One note per padded reference: its acceptance next to eager's, the noise a graph mode is measured in."""
+    eager = comparisons["eager"].acceptance
+    notes, seen = [], set()
+    for cmp in comparisons.values():
+        if cmp.reference is None or cmp.reference.reference in seen:
+            continue
+        seen.add(cmp.reference.reference)
+        acc = cmp.reference_acceptance
+        notes.append(f"noise baseline: {cmp.reference.reference} (padded eager) accepts "
+                     f"{' / '.join(f'{r:.3f}' for r in acc.rates)} (length {acc.mean_acceptance_length:.3f}) "
+                     f"vs eager {' / '.join(f'{r:.3f}' for r in eager.rates)} "
+                     f"({eager.mean_acceptance_length:.3f}): padding numerics alone")
+    return notes

@@ -1,8 +1,11 @@
-"""Scenario -> one engine run per mode, on the same schedule -> records.
+"""Scenario -> one engine run per mode and per padded reference, on the same schedule -> records.
 
-Every mode runs on a fresh engine (fresh KV cache and graphs) assembled from
-the same parts; the parts and the capture policy say which classes play each
-role and how graphs are captured.
+Every run is a fresh engine (fresh KV cache and graphs) assembled from the
+same parts; the parts and the capture policy say which classes play each role
+and how graphs are captured. Each graph mode also gets its strict padded
+reference: the same dispatcher, every graphed forward run eagerly at the
+padded shape, its padding poisoned. Modes that pad every batch alike (the same
+`padding_signature` for target and drafter) share one reference run.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from parity.engine.parts import EngineParts
 from parity.engine.records import RunResult
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
 from parity.errors import ParityInputError
-from parity.graphs.factory import install_graphs
+from parity.graphs.factory import install_graphs, install_padded_reference
+from parity.graphs.modes import EAGER, padding_signature
 from parity.graphs.policy import CapturePolicy
 from parity.harness.scenario import Scenario
 
@@ -28,6 +32,29 @@ class ModeRun:
     result: RunResult
     backend: str
     capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
+
+
+@dataclass
+class RunSet:
+    """Eager and each graph mode, the padded references, and which reference judges which mode."""
+
+    runs: dict[str, ModeRun]
+    references: dict[str, ModeRun] = field(default_factory=dict)
+    reference_of: dict[str, str] = field(default_factory=dict)
+
+    def all_runs(self) -> dict[str, ModeRun]:
+        return {**self.runs, **self.references}
+
+
+def reference_names(modes, scenario: Scenario) -> dict[str, str]:
+    """graph mode -> the name of its padded reference (`ref:<first mode that pads this way>`)."""
+    names, by_signature = {}, {}
+    for mode in modes:
+        if mode == EAGER:
+            continue
+        signature = (padding_signature(mode), padding_signature(scenario.drafter_mode or mode))
+        names[mode] = by_signature.setdefault(signature, f"ref:{mode}")
+    return names
 
 
 def engine_config(scenario: Scenario, spec_decode: bool = True) -> EngineConfig:
@@ -85,18 +112,36 @@ def run_mode(pair, scenario: Scenario, mode: str, backend: str, device: torch.de
     return ModeRun(mode, result, backend, capture)
 
 
-def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: EngineParts = EngineParts(),
-              policy: CapturePolicy = CapturePolicy(), progress=None) -> dict[str, ModeRun]:
-    """One engine run per mode on the same schedule.
+def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.device,
+                  parts: EngineParts = EngineParts(), poison: bool = True, progress=None) -> ModeRun:
+    """`mode`'s strict padded reference: its dispatcher, eager execution, padding poisoned (or not)."""
+    config = engine_config(scenario)
+    specs = request_specs(scenario, pair.tokenizer, config)
+    engine = SpecDecodeEngine(pair.target, pair.head, config, device, parts)
+    install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode, poison=poison)
+    return ModeRun(name, engine.run(specs, progress=progress), "reference")
 
-    `progress`, when given, is told `start(mode, num_requests)` before each mode
-    and `advance(mode, num_finished)` as requests finish.
+
+def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: EngineParts = EngineParts(),
+              policy: CapturePolicy = CapturePolicy(), progress=None) -> RunSet:
+    """Eager, each graph mode and each padded reference, on the same schedule.
+
+    `progress`, when given, is told `start(name, num_requests)` before each run
+    and `advance(name, num_finished)` as requests finish.
     """
-    runs = {}
+    runset = RunSet({}, reference_of=reference_names(modes, scenario))
     for mode in modes:
-        tick = None
-        if progress is not None:
-            progress.start(mode, scenario.num_requests)
-            tick = lambda step, done, m=mode: progress.advance(m, len(done))  # noqa: E731
-        runs[mode] = run_mode(pair, scenario, mode, backend, device, parts, policy, progress=tick)
-    return runs
+        runset.runs[mode] = run_mode(pair, scenario, mode, backend, device, parts, policy,
+                                     progress=_ticker(progress, mode, scenario))
+    for mode, name in runset.reference_of.items():
+        if name not in runset.references:
+            runset.references[name] = run_reference(pair, scenario, mode, name, device, parts,
+                                                    progress=_ticker(progress, name, scenario))
+    return runset
+
+
+def _ticker(progress, name: str, scenario: Scenario):
+    if progress is None:
+        return None
+    progress.start(name, scenario.num_requests)
+    return lambda step, done: progress.advance(name, len(done))

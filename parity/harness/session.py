@@ -8,14 +8,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from parity.analysis.kinds import NONE
 from parity.analysis.compare import compare_runs
+from parity.analysis.kinds import NONE
+from parity.analysis.reference_parity import reference_parity
 from parity.analysis.summary import build_summary
 from parity.diagnose import bisect_mode
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
-from parity.harness.modes import capture_policy, engine_config, request_specs, run_modes
+from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
 from parity.harness.request import (RunRequest, load_request_pair, load_request_scenario, resolve_backend,
                                     resolve_modes)
 from parity.harness.scenario import Scenario
@@ -36,17 +37,44 @@ def run_session(request: RunRequest, progress=None) -> RunOutcome:
     pair = load_request_pair(request, device)
     runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress)
     comparisons = compare_runs(runs, scenario)
+    check_padding(pair, scenario, device, request, runs, comparisons)
     diagnoses = {}
     if request.bisect:
         drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
         for mode in drifting:
-            diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request).as_dict()
+            padding = comparisons[mode].padding or {}
+            diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request,
+                                       padding.get("graph_equals_clean_reference", False)).as_dict()
     first = next(iter(diagnoses.values()), None)
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
                             device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
                             diagnosis=first)
     summary["diagnoses"] = diagnoses
     return RunOutcome(summary, runs, scenario)
+
+
+def check_padding(pair, scenario: Scenario, device, request: RunRequest, runs: RunSet, comparisons: dict) -> None:
+    """For each drifting mode: is its reference's padding inert, and does the graph match a clean reference?
+
+    The verdict compares a graph with its reference run on poisoned padding. When
+    they differ, one more run of the reference on clean (inert) padding tells a
+    padding leak (the graph matches the clean reference; poisoning changed the
+    reference) from a graph bug.
+    """
+    clean = {}
+    for mode, cmp in comparisons.items():
+        if cmp.verdict != "drift" or cmp.reference is None:
+            continue
+        name = cmp.reference.reference
+        if name not in clean:
+            clean[name] = run_reference(pair, scenario, mode, name, device, request.parts, poison=False).result
+        inert = reference_parity(clean[name], runs.references[name].result, name).bitwise_equal
+        matches_clean = reference_parity(runs.runs[mode].result, clean[name], name).bitwise_equal
+        cmp.padding = {"inert": inert, "graph_equals_clean_reference": matches_clean}
+        if not inert:
+            cmp.reasons.append(f"padding is not inert: {name} changes when its padded entries are poisoned"
+                               + ("; the graph itself matches the reference on clean padding" if matches_clean
+                                  else ""))
 
 
 def bisect_session(request: RunRequest, mode: str | None) -> dict:
@@ -69,7 +97,8 @@ def bisect_session(request: RunRequest, mode: str | None) -> dict:
     return diagnose(pair, scenario, mode, backend, device, request).as_dict()
 
 
-def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, request: RunRequest):
+def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, request: RunRequest,
+             graph_matches_clean_reference: bool = False):
     """Bisect `mode` on engines built exactly as `parity run` builds them."""
     config = engine_config(scenario)
     specs = request_specs(scenario, pair.tokenizer, config)
@@ -79,6 +108,6 @@ def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, request:
 
     start = time.perf_counter()
     diagnosis = bisect_mode(make_engine, specs, mode, backend, scenario, capture_policy(scenario, request.policy),
-                            tolerance=scenario.tolerances.logprob_abs)
+                            graph_matches_clean_reference)
     diagnosis.timing = {"bisect_seconds": round(time.perf_counter() - start, 3)}
     return diagnosis

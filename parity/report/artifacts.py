@@ -12,7 +12,9 @@ import pandas as pd
 from parity.report.atomic import write_json
 
 
-def records_frame(runs: dict, table: str) -> pd.DataFrame:
+def records_frame(runs, table: str) -> pd.DataFrame:
+    """One table of every run (graph modes and padded references), with a `mode` column first."""
+    runs = runs.all_runs() if hasattr(runs, "all_runs") else runs
     frames = []
     for mode, run in runs.items():
         frame = getattr(run.result, table).copy()

@@ -7,6 +7,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from parity.report.threeway import flips_cell, logprob_cell, numerics_lines, reference_cell, verdict_words
+
 SHORT = {"eager": "eager", "piecewise": "piecewise", "full": "full", "full_decode_only": "full_dec",
          "full_and_piecewise": "full+pw"}
 
@@ -52,17 +54,36 @@ def acceptance_table(summary: dict) -> Table:
         else:
             row.append(Text(text))
     table.add_row("len", *row)
-    table.add_row("tok=", *[Text("yes", style="green") if m["tokens_equal_to_eager"] else Text("NO", style="bold red")
+    table.add_row("ref=", *[Text(reference_cell(m), style=_reference_style(m)) for m in modes.values()])
+    table.add_row("tok=", *[Text("yes", style="green") if m["tokens_equal_to_eager"] else Text("no", style="yellow")
                             for m in modes.values()])
-    table.add_row("|Δlp|", *[Text(f"{m['max_abs_logprob_diff']:.1e}") for m in modes.values()])
+    table.add_row("|Δlp|", *[Text(logprob_cell(m)) for m in modes.values()])
+    table.add_row("flips", *[Text(flips_cell(m)) for m in modes.values()])
     table.add_row("", *[Text(m["verdict"].upper(), style="bold green" if m["verdict"] == "pass" else "bold red")
                         for m in modes.values()])
     return table
 
 
+def _reference_style(m: dict) -> str:
+    ref = m.get("reference")
+    return "dim" if ref is None else ("green" if ref["bitwise_equal"] else "bold red")
+
+
+def numerics_panel(summary: dict) -> Panel | None:
+    """Padding numerics (a reference against eager), when there are any: reported, never a verdict."""
+    lines = numerics_lines(summary)
+    if not lines:
+        return None
+    return Panel(Text("\n".join(lines)), title="NUMERICS: padded reference vs eager (reported, not a verdict)",
+                 title_align="left", border_style="yellow")
+
+
 def divergence_panels(summary: dict) -> list[Panel]:
+    """Where a drifting mode's tokens part from eager's (modes that pass part only by numerics)."""
     panels = []
     for mode, d in summary.get("divergences", {}).items():
+        if summary["modes"][mode]["verdict"] != "drift":
+            continue
         body = Text()
         body.append(f"request {d['req_id']}, output token {d['output_index']} (position {d['position']}, "
                     f"step {d['step']}); {d['num_requests_diverged']} request(s) diverged\n")
@@ -84,12 +105,9 @@ def reasons(summary: dict) -> Text:
 
 
 def verdict_line(summary: dict) -> Text:
-    drifted = [m for m, v in summary["modes"].items() if v["verdict"] == "drift"]
-    if not drifted:
-        return Text(f"PASS  {summary['model']} / {summary['scenario']} ({summary['backend']}): "
-                    f"{len(summary['modes'])} mode(s) at parity with eager", style="bold green")
-    return Text(f"DRIFT {summary['model']} / {summary['scenario']} ({summary['backend']}): "
-                f"{', '.join(drifted)}", style="bold red")
+    word, style = ("DRIFT", "bold red") if summary["verdict"] == "drift" else ("PASS ", "bold green")
+    return Text(f"{word} {summary['model']} / {summary['scenario']} ({summary['backend']}): "
+                f"{verdict_words(summary)}", style=style)
 
 
 def render(summary: dict, console: Console | None = None, diagnosis_panel=None) -> None:
@@ -97,6 +115,9 @@ def render(summary: dict, console: Console | None = None, diagnosis_panel=None) 
     header = Text(f"{summary['model']}  ·  {summary['scenario']}  ·  backend {summary['backend']}  ·  "
                   f"T={summary['temperature']}  ·  seed {summary['seed']}", style="dim")
     parts = [header, acceptance_table(summary), *divergence_panels(summary)]
+    numerics = numerics_panel(summary)
+    if numerics is not None:
+        parts.append(numerics)
     why = reasons(summary)
     if why.plain:
         parts.append(why)

@@ -7,7 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from parity.analysis.kinds import EXPLAIN, NONE, NUMERIC_NOISE, UNKNOWN
+from parity.analysis.kinds import EXPLAIN, NONE, UNKNOWN
 
 
 def describe_where(d: dict) -> str:
@@ -22,7 +22,7 @@ def describe_where(d: dict) -> str:
 
 def diagnosis_panel(d: dict) -> Panel:
     kind = d.get("kind", UNKNOWN)
-    style = "green" if kind == NONE else ("yellow" if kind in (NUMERIC_NOISE, UNKNOWN) else "red")
+    style = "green" if kind == NONE else ("yellow" if kind == UNKNOWN else "red")
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold")
     grid.add_column()

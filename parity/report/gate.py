@@ -15,7 +15,7 @@ from rich.text import Text
 from parity.report.console import SHORT
 from parity.report.markdown import cell, code_span, render_markdown
 
-PARITY_KINDS = ("tokens", "logprob", "drafts")
+PARITY_KINDS = ("reference",)
 
 
 def comparisons(report: dict) -> dict[tuple[str, str], list[dict]]:
@@ -36,7 +36,7 @@ def _row(checks: list[dict]) -> tuple[str, str, str, str]:
         n = length["numbers"]
         len_text = f"{n['value']:.3f} ({n['delta']:+.3f})" + ("" if length["passed"] else " DRIFT")
     parity = [c for c in checks if c["kind"] in PARITY_KINDS]
-    short = {"tokens": "tok", "logprob": "lp", "drafts": "drafts"}
+    short = {"reference": "bitwise"}
     failed = [short[c["kind"]] for c in parity if not c["passed"]]
     par_text = "-" if not parity else (f"{', '.join(failed)} FAIL" if failed else
                                        ", ".join(short[c["kind"]] for c in parity) + " ok")
@@ -56,8 +56,11 @@ def failure_summary(report: dict) -> str:
         if positions:
             names.append(("position " if len(positions) == 1 else "positions ") + ", ".join(positions))
         for c in failed:
-            if c["kind"] == "drafts" and c.get("position") is not None:
-                names.append(f"{c['name']} (draft position {c['position']})")
+            first = (c.get("numbers") or {}).get("first_difference") if c["kind"] == "reference" else None
+            if first:
+                index = (f"output token {first['output_index']}" if "output_index" in first
+                         else f"draft {first['draft_index']}")
+                names.append(f"{c['name']} (step {first['step']}, request {first['req_id']}, {index})")
             elif c["kind"] != "position":
                 names.append(c["name"])
         parts.append(f"{subject} vs {reference}: {'; '.join(names)}")

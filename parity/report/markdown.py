@@ -11,6 +11,7 @@ from pathlib import Path
 from parity.report.atomic import write_text
 from parity.analysis.kinds import EXPLAIN, UNKNOWN
 from parity.report.diagnosis import describe_where
+from parity.report.threeway import flips_cell, logprob_cell, numerics_lines, reference_cell
 
 TITLE = {"pass": "PASS", "drift": "DRIFT"}
 
@@ -71,14 +72,25 @@ def acceptance_table(summary: dict) -> list[str]:
                       False) for n, m in modes.items()]
     lines.append("| mean acceptance length | " + " | ".join(row) + " |")
     lines.append("| drafts | " + " | ".join(str(m["num_drafts"]) for m in modes.values()) + " |")
-    lines.append("| tokens = eager | " + " | ".join("yes" if m["tokens_equal_to_eager"] else "**NO**"
+    lines.append("| = padded reference | " + " | ".join(
+        f"**{reference_cell(m)}**" if reference_cell(m) == "DIFFERS" else reference_cell(m)
+        for m in modes.values()) + " |")
+    lines.append("| tokens = eager | " + " | ".join("yes" if m["tokens_equal_to_eager"] else "no"
                                                      for m in modes.values()) + " |")
-    lines.append("| max \\|Δlogprob\\| | " + " | ".join(f"{m['max_abs_logprob_diff']:.1e}"
-                                                         for m in modes.values()) + " |")
+    lines.append("| numerics max \\|Δlogprob\\| | " + " | ".join(logprob_cell(m) for m in modes.values()) + " |")
+    lines.append("| numerics flips | " + " | ".join(flips_cell(m) for m in modes.values()) + " |")
     lines.append("| verdict | " + " | ".join(TITLE.get(m["verdict"], m["verdict"]) if m["verdict"] == "pass"
                                               else f"**{TITLE.get(m['verdict'], m['verdict'])}**"
                                               for m in modes.values()) + " |")
     return lines
+
+
+def numerics_section(summary: dict) -> list[str]:
+    """Padding numerics of each padded reference against eager: reported, never a verdict."""
+    lines = numerics_lines(summary)
+    if not lines:
+        return []
+    return ["### Numerics (padded reference vs eager; reported, not a verdict)", "", *[f"- {x}" for x in lines]]
 
 
 def reasons_section(summary: dict) -> list[str]:
@@ -91,6 +103,8 @@ def divergence_section(summary: dict) -> list[str]:
     """The first divergent token window of every mode that diverged."""
     lines = []
     for mode, d in (summary.get("divergences") or {}).items():
+        if summary["modes"][mode]["verdict"] != "drift":
+            continue
         lines += [f"### First divergence: {code_span(mode)} vs eager", "",
                   f"request {d['req_id']}, output token {d['output_index']} (position {d['position']}, "
                   f"step {d['step']}); {d['num_requests_diverged']} request(s) diverged", "",
@@ -127,7 +141,8 @@ def render_markdown(summary: dict) -> str:
              f"K={summary['k']} · T={summary['temperature']} · seed {summary['seed']} · "
              f"{summary.get('num_requests', '?')} requests", "",
              "### Per-position acceptance", "", *acceptance_table(summary)]
-    for section in (reasons_section(summary), divergence_section(summary), diagnosis_section(summary)):
+    for section in (numerics_section(summary), reasons_section(summary), divergence_section(summary),
+                    diagnosis_section(summary)):
         if section:
             parts += ["", *section]
     return "\n".join(parts) + "\n"

@@ -1,0 +1,159 @@
+"""PADDING_LEAK: the strict padded reference changes when only its padding is poisoned.
+
+Localised by driving the reference on clean padding and the reference on
+poisoned padding in lockstep (`PaddingBisector`); at the first forward whose
+real outputs differ, three experiments, each changing one thing:
+
+1. the padding contract as the builder left it: padded entries of INERT
+   buffers (PAD slots, zero seq_lens, clamped query_start_loc) that do not
+   hold their pad value;
+2. side effects: the forward re-run from its clean pre-state writes KV slots
+   no real token of the batch owns (padded tokens writing a real request's
+   cache);
+3. repair: the poisoned forward re-run with the breached entries set to their
+   pad values, delta-debugged to the smallest set that restores bitwise parity
+   with the clean forward. When no contract entry explains it, each FREE
+   padded input is poisoned alone on the clean state: the ones that change
+   real outputs are named.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from parity.analysis.kinds import PADDING_LEAK, UNKNOWN
+from parity.diagnose.delta_debug import ddmin
+from parity.diagnose.state import forward_fn, max_diff, outputs, restore
+from parity.engine.buffers import FREE, poison_padding
+
+
+def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, int]]:
+    """(name, tensor, padded region, entries off) of every INERT buffer whose padding is not its pad value."""
+    found = []
+    for name in buffers.names():
+        spec = buffers.spec(name)
+        region = spec.padded(dispatch)
+        if not spec.inert or region.stop <= region.start:
+            continue
+        inert = spec.inert_value(dispatch.num_tokens)
+        held = (buffers[name], getattr(meta, name, None))
+        for tensor in {t.data_ptr(): t for t in reversed(held) if t is not None}.values():
+            off = int((tensor[region] != inert).sum())
+            if off:
+                found.append((name, tensor, region, off))
+    return found
+
+
+def padded_kv_writes(bisector, engine, event, snap) -> list[int]:
+    """KV slots whose content depends on the padded tokens' writes.
+
+    The forward is run from its pre-state twice: as it is, and with every padded
+    token's slot set to PAD; the slots whose KV differ are what padded tokens wrote
+    (into a real request's cache when they are not the trash row).
+    """
+    owner = engine.owner(event.owner)
+    fn = forward_fn(engine, event.owner, event.phase)
+    caches = []
+    for pad_slots in (False, True):
+        restore(snap)
+        if pad_slots:
+            for _, tensor, region, _ in _slot_breaches(owner, event):
+                tensor[region] = -1
+        bisector.replays += 1
+        owner.executor.execute(event.dispatch, fn, event.meta)
+        caches.append([t[:-1].clone() for t in owner.kv_cache.tensors()])
+    restore(snap)
+    written = set()
+    for a, b in zip(*caches):
+        written |= set(torch.nonzero((a != b).reshape(a.shape[0], -1).any(dim=1)).flatten().tolist())
+    return sorted(written)
+
+
+def _slot_breaches(owner, event):
+    return [b for b in breaches(owner.buffers, event.meta, event.dispatch) if b[0] == "slot_mapping"]
+
+
+def diagnose(bisector, clean, poisoned, ev_c, ev_p, snaps, out_c, **where):
+    owner = poisoned.owner(ev_p.owner)
+    dispatch = ev_p.dispatch
+    evidence = [f"the padded reference's real outputs change when only its padded inputs are poisoned "
+                f"({dispatch.num_tokens} real of {dispatch.num_tokens_padded} tokens, {dispatch.num_reqs} real of "
+                f"{dispatch.num_reqs_padded} rows)"]
+    restore(snaps["graph"])
+    found = breaches(owner.buffers, ev_p.meta, dispatch)
+    evidence += [f"{name}: {off} padded entr{'y' if off == 1 else 'ies'} not at the inert value "
+                 f"{owner.buffers.spec(name).inert_value(dispatch.num_tokens)}" for name, _, _, off in found]
+    stray = padded_kv_writes(bisector, clean, ev_c, snaps["ref"])
+    if stray:
+        evidence.append(f"padded tokens write the KV cache of real requests: slots {_slots(stray)}")
+
+    def repaired(subset) -> bool:
+        """Both references with the subset's padded entries set inert: do they agree again?"""
+        return _run_repaired(bisector, clean, ev_c, snaps["ref"], subset) == _run_repaired(
+            bisector, poisoned, ev_p, snaps["graph"], subset)
+
+    if found and repaired(found):
+        culprits = ddmin(found, repaired)
+        names = sorted({c[0] for c in culprits})
+        evidence.append(f"setting the padded entries of {', '.join(names)} to their inert values restores "
+                        "bitwise parity between the poisoned and the clean reference")
+        return bisector.diagnosis(PADDING_LEAK, names, ev_p, evidence=evidence, **where)
+    leaking = free_inputs_that_matter(bisector, clean, ev_c, snaps["ref"], out_c)
+    if leaking:
+        evidence.append(f"poisoning the padded entries of {', '.join(leaking)} alone changes real outputs")
+        return bisector.diagnosis(PADDING_LEAK, leaking, ev_p, evidence=evidence, **where)
+    evidence.append("no padded entry alone and no contract repair explains it")
+    return bisector.diagnosis(UNKNOWN, [], ev_p, evidence=evidence, **where)
+
+
+def _run_repaired(bisector, engine, event, snap, subset) -> tuple:
+    """The forward's real outputs (as bytes, for an exact comparison) with `subset` set inert first."""
+    owner = engine.owner(event.owner)
+    restore(snap)
+    for name, _, region, _ in subset:
+        for tensor in {t.data_ptr(): t for t in (getattr(event.meta, name, None), owner.buffers[name])
+                       if t is not None}.values():
+            tensor[region] = owner.buffers.spec(name).inert_value(event.dispatch.num_tokens)
+    out = _rerun(bisector, engine, event)
+    return tuple((k, v.cpu().numpy().tobytes()) for k, v in sorted(out.items()))
+
+
+def _rerun(bisector, engine, event) -> dict:
+    """Run `event`'s forward again through its owner's executor; its real outputs (a re-run returns new logits)."""
+    owner = engine.owner(event.owner)
+    bisector.replays += 1
+    result = owner.executor.execute(event.dispatch, forward_fn(engine, event.owner, event.phase), event.meta)
+    return outputs(engine, event, result[0] if result else None)
+
+
+def free_inputs_that_matter(bisector, engine, event, snap, out_clean) -> list[str]:
+    """FREE padded inputs that, poisoned one at a time on the clean state, change the real outputs."""
+    owner = engine.owner(event.owner)
+    names = [n for n in owner.buffers.names() if owner.buffers.spec(n).padding == FREE]
+    matter = []
+    for name in names:
+        restore(snap)
+        only = _Only(owner.buffers, name)
+        poison_padding(only, event.dispatch, salt=1)
+        if max_diff(out_clean, _rerun(bisector, engine, event))[0] != 0:
+            matter.append(name)
+    restore(snap)
+    return matter
+
+
+class _Only:
+    """A view of a registry holding one buffer, so the poisoner touches that buffer alone."""
+
+    def __init__(self, buffers, name: str):
+        self._buffers, self._name = buffers, name
+
+    def items(self):
+        return [(self._name, self._buffers[self._name])]
+
+    def spec(self, name: str):
+        return self._buffers.spec(name)
+
+
+def _slots(slots: list[int]) -> str:
+    shown = ", ".join(map(str, slots[:8]))
+    return shown + (f" and {len(slots) - 8} more" if len(slots) > 8 else "")
