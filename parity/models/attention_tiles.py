@@ -1,0 +1,109 @@
+"""Static tiling for paged attention: query tiles of one request each, context chunks.
+
+A batch is T query tokens (padded) in R request rows (padded); row r owns the
+tokens query_start_loc[r] .. query_start_loc[r+1]. Attention cuts every row
+into tiles of `tile_len` consecutive tokens, gathers each tile's context once
+per chunk of KV blocks, and scores the tile's tokens against it with one GEMM.
+
+Everything here that decides a shape is a Python int computed from other
+Python ints (T, R, heads, block size, max_model_len), so a graph captures it;
+`tile_map` then places the live tokens in those static tiles on the device,
+with no host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Bytes the per-chunk working set of one attention call may take (gathered K/V,
+# their fp32 copies, scores, masks). The chunk length follows from it, so
+# transient memory does not grow with max_model_len. Tests lower it to force
+# many chunks; a larger value means fewer chunks, so fewer kernels per layer.
+CHUNK_BUDGET_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    num_tokens: int     # T, padded
+    num_rows: int       # R, padded
+    tile_len: int       # tokens per tile; a tile never spans two requests
+    num_tiles: int      # static bound on the tiles any batch of this shape fills
+    chunks: tuple[tuple[int, int], ...]   # (first block, blocks) of each context chunk
+    bytes_per_key: int  # the working set per key position of a chunk
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_tiles * self.tile_len
+
+
+def plan_tiles(num_tokens: int, num_rows: int, heads: int, kv_heads: int, head_dim: int,
+               cache_itemsize: int, block_size: int, max_model_len: int, table_width: int,
+               budget: int | None = None) -> TilePlan:
+    """The static shapes of one attention call.
+
+    Tiles: row r needs ceil(q_r / tile_len) tiles, so a batch needs at most
+    (T + k * (tile_len - 1)) // tile_len of them, k = min(R, T) non-empty rows,
+    and never more than T. tile_len = ceil(T / R) keeps both the padded query
+    slots (num_tiles * tile_len) and the context gathers (num_tiles) within
+    about 2x of the rows' own: decode (T = q * R) gets tiles of q tokens, a
+    chunked prefill gets tiles of T / R tokens.
+
+    Chunks: whole blocks, as many per chunk as the budget allows for the
+    working set below (at least one block); the last chunk takes the rest.
+    """
+    budget = CHUNK_BUDGET_BYTES if budget is None else budget
+    tile_len = max(1, -(-num_tokens // max(1, num_rows)))
+    busy_rows = min(num_rows, num_tokens)
+    num_tiles = max(1, min(num_tokens, (num_tokens + busy_rows * (tile_len - 1)) // tile_len))
+    # Per key position: K (or V) as stored plus its fp32 copy, the fp32 scores
+    # (exp'd in place), three boolean masks.
+    kv_bytes = cache_itemsize + (4 if cache_itemsize != 4 else 0)
+    per_key = num_tiles * (kv_heads * head_dim * kv_bytes + tile_len * (heads * 4 + 3))
+    num_blocks = min(table_width, -(-max_model_len // block_size))
+    per_chunk = max(1, min(num_blocks, budget // (per_key * block_size)))
+    chunks = tuple((b, min(per_chunk, num_blocks - b)) for b in range(0, num_blocks, per_chunk))
+    return TilePlan(num_tokens, num_rows, tile_len, num_tiles, chunks, per_key)
+
+
+@dataclass
+class TileMap:
+    token: torch.Tensor     # [num_tiles, tile_len] token of each slot, clamped into [0, T)
+    live: torch.Tensor      # [num_tiles, tile_len] the slot holds a real token of its row
+    tile_row: torch.Tensor  # [num_tiles] request row of each tile
+
+
+def tile_map(meta, plan: TilePlan) -> TileMap:
+    """Place the batch's tokens in the plan's tiles, on the device.
+
+    In tile space row r spans span_r = ceil(q_r / tile_len) * tile_len slots
+    from the cumulative offset of the rows before it; slot u belongs to the row
+    whose span holds it and stands for token u + (start_r - offset_r). Slots
+    past the rows' spans and past a row's last token are not live. Padded rows
+    (q_r = 0) get no tiles; padded tokens (past query_start_loc[num_reqs]) get
+    no slot, so their output stays 0.
+    """
+    qsl = meta.query_start_loc
+    starts, ends = qsl[:-1], qsl[1:]
+    tile_len = plan.tile_len
+    slots = torch.arange(plan.num_slots, device=qsl.device)
+    if tile_len == 1:
+        # Tile space is token space (query_start_loc[0] is 0).
+        row = torch.searchsorted(ends, slots, right=True)
+        token = slots
+    else:
+        span = (ends - starts + (tile_len - 1)).div_(tile_len, rounding_mode="floor").mul_(tile_len)
+        span_end = span.cumsum(0)
+        shift = starts - span_end + span
+        row = torch.searchsorted(span_end, slots, right=True)
+    # Slots past every span search to R; any row does, since they are not live.
+    row = row.clamp_(max=plan.num_rows - 1)
+    if tile_len > 1:
+        token = slots + shift[row]
+    live = token < ends[row]
+    # NOTE: only malformed metadata (a stale query_start_loc) puts a token out of
+    # range; clamping keeps every gather in bounds on the GPU all the same.
+    token = token.clamp_(0, plan.num_tokens - 1)
+    shape = (plan.num_tiles, tile_len)
+    return TileMap(token.view(shape), live.view(shape), row.view(shape)[:, 0])
