@@ -104,20 +104,25 @@ def make_case(rows_spec, block_size=4, max_model_len=40, kv_heads=2, groups=2, h
 
 
 def reference(case: Case) -> torch.Tensor:
-    """[T_pad, H, D] in float64: each token over its own request's keys; padded tokens 0."""
+    """[T_pad, H, D] in float64: each token over its own request's keys; padded tokens 0.
+
+    Keys j with lo <= j <= min(position, seq_len - 1), seq_len as the metadata says
+    (a stale seq_lens shortens the context); a token with no such key gets 0.
+    """
     heads, tokens_padded, head_dim = case.query.shape[1:]
     kv_heads = case.key.shape[1]
     groups = heads // kv_heads
     out = torch.zeros(tokens_padded, heads, head_dim, dtype=torch.float64)
     t = 0
-    for first, qlen, keys, values in case.rows:
+    for row, (first, qlen, keys, values) in enumerate(case.rows):
         for i in range(qlen):
             pos = first + i
             lo = max(0, pos - case.window + 1) if case.window else 0
-            for h in range(heads):
+            hi = min(pos, int(case.meta.seq_lens[row]) - 1)
+            for h in range(heads if hi >= lo else 0):
                 q = case.query[0, h, t].double()
-                k = keys[lo:pos + 1, h // groups].double()
-                v = values[lo:pos + 1, h // groups].double()
+                k = keys[lo:hi + 1, h // groups].double()
+                v = values[lo:hi + 1, h // groups].double()
                 out[t, h] = torch.softmax(k @ q * SCALE, dim=0) @ v
             t += 1
     return out
@@ -177,6 +182,26 @@ def test_uniform_decode_batch(qlen):
     """Draft steps (1 token) and verification (1+K) of 6 requests, padded in whole requests."""
     rows = [(3 + 5 * i, qlen) for i in range(6)]
     check(make_case(rows, groups=4, pad_tokens=2 * qlen, pad_rows=2, seed=qlen), SMALLEST)
+
+
+@pytest.mark.parametrize("budget", [None, SMALLEST], ids=["one-chunk", "block-chunks"])
+def test_keys_at_or_past_seq_len_are_masked(budget):
+    """seq_lens bounds the context even where positions say more (a stale or rebound seq_lens)."""
+    case = make_case(MIXED, window=0, pad_tokens=1, seed=13)
+    case.meta.seq_lens[1] = 11          # row 1 sits at positions 9..13: its later tokens lose keys
+    case.meta.seq_lens[3] = 0           # row 3 has no key at all: output 0, not NaN
+    check(case, budget)
+    out = run(case)
+    assert not torch.isnan(out).any()
+    assert torch.equal(out[13:17], torch.zeros_like(out[13:17]))
+
+
+def test_worst_case_tiling_fits_the_static_bound():
+    """Rows of 1, 1, 1 and 13 tokens: ceil(16/4) = 4-token tiles, 7 of them, the bound exactly."""
+    case = make_case([(5, 1), (0, 1), (30, 1), (2, 13)], groups=2, seed=17)
+    plan = plan_tiles(16, 4, 4, 2, 8, 4, 4, 40, 10)
+    assert (plan.tile_len, plan.num_tiles) == (4, 7)
+    check(case)
 
 
 def test_capture_time_metadata_is_all_padding():

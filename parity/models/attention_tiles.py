@@ -57,10 +57,9 @@ def plan_tiles(num_tokens: int, num_rows: int, heads: int, kv_heads: int, head_d
     tile_len = max(1, -(-num_tokens // max(1, num_rows)))
     busy_rows = min(num_rows, num_tokens)
     num_tiles = max(1, min(num_tokens, (num_tokens + busy_rows * (tile_len - 1)) // tile_len))
-    # Per key position: K (or V) as stored plus its fp32 copy, the fp32 scores
-    # (exp'd in place), three boolean masks.
-    kv_bytes = cache_itemsize + (4 if cache_itemsize != 4 else 0)
-    per_key = num_tiles * (kv_heads * head_dim * kv_bytes + tile_len * (heads * 4 + 3))
+    # Per key position and tile: K (then V) gathered as stored, the fp32 staging
+    # row of D + 4 floats, the fp32 scores (exp'd in place), three boolean masks.
+    per_key = num_tiles * (kv_heads * (head_dim * cache_itemsize + (head_dim + 4) * 4) + tile_len * (heads * 4 + 3))
     num_blocks = min(table_width, -(-max_model_len // block_size))
     per_chunk = max(1, min(num_blocks, budget // (per_key * block_size)))
     chunks = tuple((b, min(per_chunk, num_blocks - b)) for b in range(0, num_blocks, per_chunk))
@@ -70,17 +69,17 @@ def plan_tiles(num_tokens: int, num_rows: int, heads: int, kv_heads: int, head_d
 @dataclass
 class TileMap:
     token: torch.Tensor     # [num_tiles, tile_len] token of each slot, clamped into [0, T)
-    live: torch.Tensor      # [num_tiles, tile_len] the slot holds a real token of its row
+    idle: torch.Tensor      # [num_tiles, tile_len] the slot holds no token (past its row's end)
     tile_row: torch.Tensor  # [num_tiles] request row of each tile
 
 
 def tile_map(meta, plan: TilePlan) -> TileMap:
     """Place the batch's tokens in the plan's tiles, on the device.
 
-    In tile space row r spans span_r = ceil(q_r / tile_len) * tile_len slots
-    from the cumulative offset of the rows before it; slot u belongs to the row
-    whose span holds it and stands for token u + (start_r - offset_r). Slots
-    past the rows' spans and past a row's last token are not live. Padded rows
+    In tile space row r spans ceil(q_r / tile_len) * tile_len slots from the
+    cumulative offset of the rows before it; slot u belongs to the row whose
+    span holds it and stands for token u + (start_r - offset_r). Slots
+    past the rows' spans and past a row's last token are idle. Padded rows
     (q_r = 0) get no tiles; padded tokens (past query_start_loc[num_reqs]) get
     no slot, so their output stays 0.
     """
@@ -90,20 +89,24 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
     slots = torch.arange(plan.num_slots, device=qsl.device)
     if tile_len == 1:
         # Tile space is token space (query_start_loc[0] is 0).
-        row = torch.searchsorted(ends, slots, right=True)
+        row = torch.searchsorted(ends[:-1], slots, right=True)
         token = slots
     else:
-        span = (ends - starts + (tile_len - 1)).div_(tile_len, rounding_mode="floor").mul_(tile_len)
-        span_end = span.cumsum(0)
-        shift = starts - span_end + span
-        row = torch.searchsorted(span_end, slots, right=True)
-    # Slots past every span search to R; any row does, since they are not live.
-    row = row.clamp_(max=plan.num_rows - 1)
+        # Row r is padded by (-q_r) mod tile_len slots; its span ends at its last
+        # token plus the padding of rows 0..r, and its tokens sit shifted by the
+        # padding of the rows before it.
+        pad = torch.remainder(starts - ends, tile_len)
+        pad_end = pad.cumsum(0)
+        span_end = ends + pad_end
+        shift = pad - pad_end
+        row = torch.searchsorted(span_end[:-1], slots, right=True)
+    # Searching the rows' ends but the last puts every slot in a row: slots past
+    # every span land in the last row, past its end, so they are idle.
     if tile_len > 1:
         token = slots + shift[row]
-    live = token < ends[row]
+    idle = token >= ends[row]
     # NOTE: only malformed metadata (a stale query_start_loc) puts a token out of
     # range; clamping keeps every gather in bounds on the GPU all the same.
     token = token.clamp_(0, plan.num_tokens - 1)
     shape = (plan.num_tiles, tile_len)
-    return TileMap(token.view(shape), live.view(shape), row.view(shape)[:, 0])
+    return TileMap(token.view(shape), idle.view(shape), row.view(shape)[:, 0])

@@ -79,9 +79,9 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     groups = heads // kv_heads
     if scaling is None:
         scaling = head_dim ** -0.5
-    rows = _cache_rows(k_cache, meta.slot_mapping)
-    k_cache.index_copy_(0, rows, key[0].transpose(0, 1))
-    v_cache.index_copy_(0, rows, value[0].transpose(0, 1))
+    cache_rows = _cache_rows(k_cache, meta.slot_mapping)
+    k_cache.index_copy_(0, cache_rows, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, cache_rows, value[0].transpose(0, 1))
 
     plan = plan_tiles(num_tokens, meta.seq_lens.shape[0], heads, kv_heads, head_dim, k_cache.element_size(),
                       meta.block_size, meta.max_model_len, meta.block_table.shape[1])
@@ -95,9 +95,9 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     q = q.reshape(batch, rows_per_tile, head_dim).float().mul_(scaling)
 
     # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
+    # Idle slots need no mask: whatever they compute goes to the dropped row.
     seq_len = meta.seq_lens[tiles.tile_row].unsqueeze(1)
-    hi = torch.minimum(meta.positions[tiles.token], seq_len - 1)
-    hi = torch.where(tiles.live, hi, -1).view(num_tiles, 1, tile_len, 1)
+    hi = torch.minimum(meta.positions[tiles.token], seq_len - 1).view(num_tiles, 1, tile_len, 1)
     lo = None
     window = meta.window_for_layer(layer)
     if window is not None:
@@ -109,16 +109,23 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
         lo = start[tiles.token].view(num_tiles, 1, tile_len, 1)
 
     block_size = meta.block_size
+    longest = max(n for _, n in plan.chunks) * block_size
     # [KVH, num_blocks, block_size, D] views: a chunk is one index_select of whole blocks.
     k_blocks = k_cache[:-1].unflatten(0, (-1, block_size)).permute(2, 0, 1, 3)
     v_blocks = v_cache[:-1].unflatten(0, (-1, block_size)).permute(2, 0, 1, 3)
-    run_max = run_sum = acc = None
+    # fp32 staging of one chunk, K then V: [K or V | 1 1 1 1]. P.[V | 1] accumulates the
+    # softmax sum in the output's GEMM and rescale (no sum, mul, add per chunk); rows of
+    # D + 4 floats keep the GEMM operands 16-byte aligned.
+    stage = torch.empty(batch, longest, head_dim + 4, dtype=torch.float32, device=query.device)
+    stage[:, :, head_dim:].fill_(1.0)
+    run_max = acc = None
     for first_block, num_blocks in plan.chunks:
         chunk = num_blocks * block_size
         blocks = meta.block_table[:, first_block:first_block + num_blocks].index_select(0, tiles.tile_row).view(-1)
-        k = k_blocks.index_select(1, blocks).view(batch, chunk, head_dim).float()
-        scores = torch.bmm(q, k.transpose(1, 2))     # [KVH * tiles, G * tile_len, chunk]
-        del k
+        staged = stage[:, :chunk]
+        kv_part = staged[:, :, :head_dim]
+        kv_part.copy_(k_blocks.index_select(1, blocks).view(batch, chunk, head_dim))
+        scores = torch.bmm(q, kv_part.transpose(1, 2))     # [KVH * tiles, G * tile_len, chunk]
         j = torch.arange(first_block * block_size, first_block * block_size + chunk, device=q.device)
         masked = j > hi
         if lo is not None:
@@ -131,25 +138,25 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
             new_max = torch.maximum(run_max, chunk_max)
             rescale = run_max.sub_(new_max).exp_()
         probs = scores.sub_(new_max).exp_()
-        v = v_blocks.index_select(1, blocks).view(batch, chunk, head_dim).float()
-        if run_max is None:
-            run_sum = probs.sum(dim=-1, keepdim=True)
-            acc = torch.bmm(probs, v)
+        kv_part.copy_(v_blocks.index_select(1, blocks).view(batch, chunk, head_dim))
+        if acc is None:
+            acc = torch.bmm(probs, staged)                  # [KVH * tiles, G * tile_len, D + 4]
         else:
-            run_sum.mul_(rescale).add_(probs.sum(dim=-1, keepdim=True))
-            acc.mul_(rescale).baddbmm_(probs, v)
+            acc.mul_(rescale).baddbmm_(probs, staged)
         run_max = new_max
-        del probs, scores, v
+        del probs, scores
 
     # The max key of a row contributes exp(0) = 1, so the sum is >= 1 wherever a
     # key was valid and exactly 0 where none was (acc is 0 there too): the clamp
-    # turns 0/0 into 0 and changes nothing else.
-    acc.div_(run_sum.clamp_min_(1.0))
+    # turns 0/0 into 0 and changes nothing else. The division computes in fp32
+    # and writes the query dtype directly, rounding once.
+    values = query.new_empty((batch, rows_per_tile, head_dim))
+    torch.div(acc[:, :, :head_dim], acc[:, :, head_dim:head_dim + 1].clamp_min_(1.0), out=values)
+    values = values.view(kv_heads, num_tiles, groups, tile_len, head_dim).permute(1, 3, 0, 2, 4)
     out = query.new_zeros((num_tokens + 1, kv_heads, groups, head_dim))
-    # Slots that hold no token write to the extra row num_tokens, dropped below.
-    target = torch.where(tiles.live, tiles.token, num_tokens)
-    values = acc.view(kv_heads, num_tiles, groups, tile_len, head_dim).permute(1, 3, 0, 2, 4)
-    out.index_put_((target,), values.to(query.dtype))
+    # Idle slots write to the extra row num_tokens, dropped below.
+    target = tiles.token.masked_fill_(tiles.idle, num_tokens)
+    out.index_put_((target,), values)
     return out[:num_tokens].view(1, num_tokens, heads, head_dim)
 
 
