@@ -7,7 +7,7 @@ per chunk of KV blocks, and scores the tile's tokens against it with one GEMM.
 
 Everything here that decides a shape is a Python int computed from other
 Python ints (T, R, heads, block size, max_model_len), so a graph captures it;
-`tile_map` then places the live tokens in those static tiles on the device,
+`tile_map` then places the real tokens in those static tiles on the device,
 with no host sync.
 """
 
@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-# Bytes the per-chunk working set of one attention call may take (gathered K/V,
-# their fp32 copies, scores, masks). The chunk length follows from it, so
-# transient memory does not grow with max_model_len. Tests lower it to force
-# many chunks; a larger value means fewer chunks, so fewer kernels per layer.
+# Bytes the per-chunk working set of one attention call may take (K or V as
+# gathered, their fp32 staging, scores, masks). The chunk length follows from
+# it, so transient memory does not grow with max_model_len. Tests lower it to
+# force many chunks; a larger value means fewer chunks, so fewer kernels per
+# layer (about 17 per extra chunk).
 CHUNK_BUDGET_BYTES = 512 << 20
 
 
@@ -87,6 +88,8 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
     starts, ends = qsl[:-1], qsl[1:]
     tile_len = plan.tile_len
     slots = torch.arange(plan.num_slots, device=qsl.device)
+    # Searching the rows' ends but the last puts every slot in a row: slots past
+    # every span land in the last row, past its end, so they are idle.
     if tile_len == 1:
         # Tile space is token space (query_start_loc[0] is 0).
         row = torch.searchsorted(ends[:-1], slots, right=True)
@@ -100,9 +103,6 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
         span_end = ends + pad_end
         shift = pad - pad_end
         row = torch.searchsorted(span_end[:-1], slots, right=True)
-    # Searching the rows' ends but the last puts every slot in a row: slots past
-    # every span land in the last row, past its end, so they are idle.
-    if tile_len > 1:
         token = slots + shift[row]
     idle = token >= ends[row]
     # NOTE: only malformed metadata (a stale query_start_loc) puts a token out of

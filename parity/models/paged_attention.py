@@ -26,8 +26,16 @@ gathered context chunk.
 GQA without expansion: the G = H / KVH query heads of a KV head are rows of the
 same GEMM ([KVH * tiles, G * tile_len, D] x [KVH * tiles, D, chunk]).
 
+Memory, per call, with NT tiles of Tq slots (NT * Tq <= T + R * Tq, about 2T):
+chunk * NT * (KVH * (D * itemsize + 4 * (D + 4)) + Tq * (4 * H + 3)) bytes for a
+chunk (K then V as gathered, their fp32 staging, fp32 scores, masks), kept under
+the budget with at least one block per chunk, plus per-slot state independent of
+the context: q and the accumulator in fp32, NT * Tq * H * (2D + 4) * 4 bytes,
+and the output. Nothing is sized by max_model_len except the number of chunks.
+
 Numerics: scores, softmax and P.V in fp32 on chunk-sized pieces, output cast
-to the query dtype; no atomics, so the same inputs give the same bits.
+to the query dtype once. Deterministic: no atomics; the only duplicate indices
+are PAD writes to the trash row and idle slots' writes to a dropped row.
 """
 
 from __future__ import annotations
