@@ -30,7 +30,7 @@ from parity.engine.metadata import MetadataBuilder, RowPlan
 from parity.graphs.capture import capture
 from parity.graphs.emulated import EmulatedBackend
 from parity.models import attention_tiles
-from parity.models.attention_tiles import plan_tiles
+from parity.models.attention_tiles import plan_tiles, tile_map
 from parity.models.paged_attention import attention_core, paged_attention
 
 SCALE = 0.37
@@ -241,6 +241,23 @@ def batches(draw):
 @given(batches(), st.sampled_from([None, SMALLEST, 3000]))
 def test_random_batches_match_reference(batch, budget):
     check(make_case(**batch), budget)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(1, 12), st.integers(1, 5), st.data())
+def test_stale_query_start_loc_never_maps_a_token_twice(num_tokens, num_rows, data):
+    """Any query_start_loc (a stale one under a fault): slots stay in bounds, no token is claimed twice."""
+    qsl = [0] + data.draw(st.lists(st.integers(0, 3 * num_tokens), min_size=num_rows, max_size=num_rows))
+    meta = SimpleNamespace(query_start_loc=torch.tensor(qsl))
+    plan = plan_tiles(num_tokens, num_rows, 4, 2, 8, 4, 4, 16, 4)
+    tiles = tile_map(meta, plan)
+    live = tiles.token[~tiles.idle].tolist()
+    assert len(live) == len(set(live)) and all(0 <= t < num_tokens for t in live)
+    assert ((tiles.token >= 0) & (tiles.token < num_tokens)).all()
+    assert ((tiles.tile_row >= 0) & (tiles.tile_row < num_rows)).all()
+    if qsl == sorted(qsl) and qsl[-1] <= num_tokens:
+        # Good metadata: every real token has exactly one slot, whatever the split into rows.
+        assert sorted(live) == list(range(qsl[-1]))
 
 
 # --- plans: static shapes from Python ints ------------------------------------------------

@@ -69,7 +69,7 @@ def plan_tiles(num_tokens: int, num_rows: int, heads: int, kv_heads: int, head_d
 
 @dataclass
 class TileMap:
-    token: torch.Tensor     # [num_tiles, tile_len] token of each slot, clamped into [0, T)
+    token: torch.Tensor     # [num_tiles, tile_len] token of each slot (idle ones clamped into [0, T))
     idle: torch.Tensor      # [num_tiles, tile_len] the slot holds no token (past its row's end)
     tile_row: torch.Tensor  # [num_tiles] request row of each tile
 
@@ -84,7 +84,11 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
     (q_r = 0) get no tiles; padded tokens (past query_start_loc[num_reqs]) get
     no slot, so their output stays 0.
     """
-    qsl = meta.query_start_loc
+    # NOTE: good metadata has 0 = qsl[0] <= qsl[1] <= ... <= T; a stale
+    # query_start_loc (a fault under test) need not. Forcing that shape, a no-op
+    # on good metadata, keeps the rows' token ranges disjoint and inside the
+    # batch, so no token is written twice (which a GPU would do in any order).
+    qsl = torch.cummax(meta.query_start_loc, 0).values.clamp_(max=plan.num_tokens)
     starts, ends = qsl[:-1], qsl[1:]
     tile_len = plan.tile_len
     slots = torch.arange(plan.num_slots, device=qsl.device)
@@ -105,8 +109,7 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
         row = torch.searchsorted(span_end[:-1], slots, right=True)
         token = slots + shift[row]
     idle = token >= ends[row]
-    # NOTE: only malformed metadata (a stale query_start_loc) puts a token out of
-    # range; clamping keeps every gather in bounds on the GPU all the same.
-    token = token.clamp_(0, plan.num_tokens - 1)
+    # Real tokens lie in [0, T); idle slots may point past the end.
+    token = token.clamp_(max=plan.num_tokens - 1)
     shape = (plan.num_tiles, tile_len)
     return TileMap(token.view(shape), idle.view(shape), row.view(shape)[:, 0])
