@@ -2,13 +2,40 @@
 
 Every LlamaAttention (target layers and the EAGLE head's decoder layer) calls
 `paged_attention` with q/k/v after RoPE. It writes k/v into the paged cache at
-`slot_mapping` and attends over the context gathered through `block_table`.
+`slot_mapping` and attends over each token's context through `block_table`.
 
-It reads only the metadata of `parity.engine.metadata.AttentionMetadata` and
-has static shapes: the context is gathered over `max_model_len` positions and
-masked, the request of each token is found with `bucketize` on
-`query_start_loc`. No host sync, no Python branch on tensor values, so FULL and
+Memory and shapes. The context is never gathered whole: it is walked in static
+chunks of KV blocks with an online softmax (running max, running sum,
+rescaled accumulator), so transient memory is bounded by
+`attention_tiles.CHUNK_BUDGET_BYTES`, whatever max_model_len is. Every shape
+comes from Python ints (tokens and rows padded, heads, block size,
+max_model_len) and nothing reads a tensor value on the host, so FULL and
 PIECEWISE graphs capture it unchanged.
+
+Why tiles of one request (see `attention_tiles`). A token attends only to its
+own request's context, and the batch mixes requests of different query
+lengths. Gathering the context per token costs T contexts (2048 for a
+prefill chunk: 34 GB of K per layer for 8B at 8192); gathering it per row and
+scoring every token against every row wastes R-fold FLOPs, and non-uniform
+batches are padded to R = min(max_num_seqs, T) rows (32x at 8B's 2048-token
+prefill). Tiles of ceil(T / R) consecutive tokens of one request cost at most
+about 2x in both: a decode batch of R requests x q tokens is about R tiles of q,
+a prefill chunk is about R tiles of T / R tokens, each one GEMM against one
+gathered context chunk.
+
+GQA without expansion: the G = H / KVH query heads of a KV head are rows of the
+same GEMM ([KVH * tiles, G * tile_len, D] x [KVH * tiles, D, chunk]).
+
+Memory, per call, with NT tiles of Tq slots (NT * Tq <= T + R * Tq, about 2T):
+chunk * NT * (KVH * (D * itemsize + 4 * (D + 4)) + Tq * (4 * H + 3)) bytes for a
+chunk (K then V as gathered, their fp32 staging, fp32 scores, masks), kept under
+the budget with at least one block per chunk, plus per-slot state independent of
+the context: q and the accumulator in fp32, NT * Tq * H * (2D + 4) * 4 bytes,
+and the output. Nothing is sized by max_model_len except the number of chunks.
+
+Numerics: scores, softmax and P.V in fp32 on chunk-sized pieces, output cast
+to the query dtype once. Deterministic: no atomics; the only duplicate indices
+are PAD writes to the trash row and idle slots' writes to a dropped row.
 """
 
 from __future__ import annotations
@@ -19,11 +46,17 @@ import contextvars
 import torch
 from transformers import AttentionInterface
 
+from parity.models.attention_tiles import plan_tiles, tile_map
+
 ATTN_IMPLEMENTATION = "parity_paged"
 
 # Set by a piecewise graph capture: called at every attention instead of attending,
 # so the capture can end its piece there (see parity/graphs/capture.py).
 _SPLIT_HOOK: contextvars.ContextVar = contextvars.ContextVar("parity_attention_split", default=None)
+
+# Floor of the running max: a row whose keys so far are all masked gets
+# exp(-inf - floor) = 0 instead of exp(-inf + inf) = NaN. Real scores are far above it.
+_MAX_FLOOR = -1e30
 
 
 @contextlib.contextmanager
@@ -36,31 +69,18 @@ def split_at_attention(hook):
         _SPLIT_HOOK.reset(token)
 
 
+def _cache_rows(cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    # PAD_SLOT is -1, and -1 mod (num_slots + 1) is the trash row: one kernel, no where().
+    return slot_mapping.remainder(cache.shape[0])
+
+
 def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
     """Scatter `values` [T, KVH, D] into `cache` [num_slots + 1, KVH, D].
 
     PAD slots (-1) land in the trash row at the end of the cache, so padded
     tokens never touch a real slot.
     """
-    trash = cache.shape[0] - 1
-    slots = torch.where(slot_mapping < 0, torch.full_like(slot_mapping, trash), slot_mapping)
-    cache.index_copy_(0, slots, values)
-
-
-def context_slots(meta, token_req: torch.Tensor) -> torch.Tensor:
-    """Slot of every context position j of every token's request: [T, L]."""
-    block_size = meta.block_size
-    j = torch.arange(meta.max_model_len, device=token_req.device)
-    blocks = meta.block_table[token_req][:, j // block_size]  # [T, L]
-    return blocks * block_size + (j % block_size)
-
-
-def token_requests(meta, num_tokens: int) -> torch.Tensor:
-    """Request row of each token, from query_start_loc; padded tokens clamp to the last row."""
-    num_rows = meta.seq_lens.shape[0]
-    t = torch.arange(num_tokens, device=meta.query_start_loc.device)
-    rows = torch.bucketize(t, meta.query_start_loc[1:], right=True)
-    return rows.clamp_(max=num_rows - 1)
+    cache.index_copy_(0, _cache_rows(cache, slot_mapping), values)
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -77,41 +97,95 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     """Write k/v to the paged cache, attend over each token's context; returns [1, T, H, D]."""
     kv = meta.kv_cache
     layer = module.layer_idx
-    # [1, H, T, D] -> [T, H, D]
-    q = query[0].transpose(0, 1)
-    k = key[0].transpose(0, 1)
-    v = value[0].transpose(0, 1)
-    num_tokens = q.shape[0]
-    write_kv(kv.keys[layer], meta.slot_mapping, k)
-    write_kv(kv.values[layer], meta.slot_mapping, v)
+    k_cache, v_cache = kv.keys[layer], kv.values[layer]
+    _, heads, num_tokens, head_dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    if scaling is None:
+        scaling = head_dim ** -0.5
+    cache_rows = _cache_rows(k_cache, meta.slot_mapping)
+    k_cache.index_copy_(0, cache_rows, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, cache_rows, value[0].transpose(0, 1))
 
-    token_req = token_requests(meta, num_tokens)
-    slots = context_slots(meta, token_req)  # [T, L]
-    k_ctx = kv.keys[layer][slots]  # [T, L, KVH, D]
-    v_ctx = kv.values[layer][slots]
-    groups = q.shape[1] // k_ctx.shape[2]
-    if groups > 1:
-        # GQA: each kv head serves `groups` query heads (expand+reshape: no host sync).
-        t, length, kvh, d = k_ctx.shape
-        k_ctx = k_ctx.unsqueeze(3).expand(t, length, kvh, groups, d).reshape(t, length, kvh * groups, d)
-        v_ctx = v_ctx.unsqueeze(3).expand(t, length, kvh, groups, d).reshape(t, length, kvh * groups, d)
+    plan = plan_tiles(num_tokens, meta.seq_lens.shape[0], heads, kv_heads, head_dim, k_cache.element_size(),
+                      meta.block_size, meta.max_model_len, meta.block_table.shape[1])
+    tiles = tile_map(meta, plan)
+    num_tiles, tile_len = plan.num_tiles, plan.tile_len
+    batch, rows_per_tile = kv_heads * num_tiles, groups * tile_len
 
-    j = torch.arange(meta.max_model_len, device=q.device)
-    pos = meta.positions.unsqueeze(1)  # [T, 1]
-    valid = (j.unsqueeze(0) <= pos) & (j.unsqueeze(0) < meta.seq_lens[token_req].unsqueeze(1))
+    # q of every slot, laid out [KVH, tiles, G, tile_len, D]: one GEMM batch per (KV head, tile).
+    g = torch.arange(groups, device=query.device).view(1, groups, 1)
+    q = query[0].unflatten(0, (kv_heads, groups))[:, g, tiles.token.unsqueeze(1)]
+    q = q.reshape(batch, rows_per_tile, head_dim).float().mul_(scaling)
+
+    # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
+    # Idle slots need no mask: whatever they compute goes to the dropped row.
+    seq_len = meta.seq_lens[tiles.tile_row].unsqueeze(1)
+    hi = torch.minimum(meta.positions[tiles.token], seq_len - 1).view(num_tiles, 1, tile_len, 1)
+    lo = None
     window = meta.window_for_layer(layer)
     if window is not None:
-        valid &= j.unsqueeze(0) >= meta.window_starts().unsqueeze(1)
+        lo = meta.window_starts()[tiles.token].view(num_tiles, 1, tile_len, 1)
 
-    scores = torch.einsum("thd,tlhd->thl", q.float(), k_ctx.float()) * scaling
-    scores = scores.masked_fill(~valid.unsqueeze(1), float("-inf"))
-    # NOTE: padded tokens have no valid key; softmax over all -inf is NaN, so
-    # their rows are zeroed to keep padding inert.
-    has_key = valid.any(dim=1).view(num_tokens, 1, 1)
-    probs = torch.softmax(scores, dim=-1)
-    probs = torch.where(has_key, probs, torch.zeros_like(probs))
-    out = torch.einsum("thl,tlhd->thd", probs, v_ctx.float()).to(query.dtype)
-    return out.unsqueeze(0)
+    acc = _attend(q, hi, lo, meta, plan, tiles, k_cache, v_cache, kv_heads, groups)
+
+    # The max key of a row contributes exp(0) = 1, so the sum is >= 1 wherever a
+    # key was valid and exactly 0 where none was (acc is 0 there too): the clamp
+    # turns 0/0 into 0 and changes nothing else. The division computes in fp32
+    # and writes the query dtype directly, rounding once.
+    values = query.new_empty((batch, rows_per_tile, head_dim))
+    torch.div(acc[:, :, :head_dim], acc[:, :, head_dim:head_dim + 1].clamp_min_(1.0), out=values)
+    values = values.view(kv_heads, num_tiles, groups, tile_len, head_dim).permute(1, 3, 0, 2, 4)
+    out = query.new_zeros((num_tokens + 1, kv_heads, groups, head_dim))
+    # Idle slots write to the extra row num_tokens, dropped below.
+    target = tiles.token.masked_fill_(tiles.idle, num_tokens)
+    out.index_put_((target,), values)
+    return out[:num_tokens].view(1, num_tokens, heads, head_dim)
+
+
+def _attend(q, hi, lo, meta, plan, tiles, k_cache, v_cache, kv_heads: int, groups: int) -> torch.Tensor:
+    """Online softmax over the context chunks: [KVH * tiles, G * tile_len, D + 4] (P.V | softmax sum)."""
+    batch, _, head_dim = q.shape
+    num_tiles, tile_len = plan.num_tiles, plan.tile_len
+    block_size = meta.block_size
+    longest = max(n for _, n in plan.chunks) * block_size
+    # [KVH, num_blocks, block_size, D] views: a chunk is one index_select of whole blocks.
+    k_blocks = k_cache[:-1].unflatten(0, (-1, block_size)).permute(2, 0, 1, 3)
+    v_blocks = v_cache[:-1].unflatten(0, (-1, block_size)).permute(2, 0, 1, 3)
+    # fp32 staging of one chunk, K then V: [K or V | 1 1 1 1]. P.[V | 1] accumulates the
+    # softmax sum in the output's GEMM and rescale (no sum, mul, add per chunk); rows of
+    # D + 4 floats keep the GEMM operands 16-byte aligned.
+    stage = torch.empty(batch, longest, head_dim + 4, dtype=torch.float32, device=q.device)
+    stage[:, :, head_dim:].fill_(1.0)
+    run_max = acc = None
+    for first_block, num_blocks in plan.chunks:
+        chunk = num_blocks * block_size
+        blocks = meta.block_table[:, first_block:first_block + num_blocks].index_select(0, tiles.tile_row).view(-1)
+        staged = stage[:, :chunk]
+        kv_part = staged[:, :, :head_dim]
+        kv_part.copy_(k_blocks.index_select(1, blocks).view(batch, chunk, head_dim))
+        scores = torch.bmm(q, kv_part.transpose(1, 2))     # [KVH * tiles, G * tile_len, chunk]
+        j = torch.arange(first_block * block_size, first_block * block_size + chunk, device=q.device)
+        masked = j > hi
+        if lo is not None:
+            masked |= j < lo
+        scores.view(kv_heads, num_tiles, groups, tile_len, chunk).masked_fill_(masked, float("-inf"))
+        chunk_max = scores.amax(dim=-1, keepdim=True)
+        if run_max is None:
+            new_max = chunk_max.clamp_min_(_MAX_FLOOR)
+        else:
+            new_max = torch.maximum(run_max, chunk_max)
+            rescale = run_max.sub_(new_max).exp_()
+        probs = scores.sub_(new_max).exp_()
+        kv_part.copy_(v_blocks.index_select(1, blocks).view(batch, chunk, head_dim))
+        if acc is None:
+            acc = torch.bmm(probs, staged)                  # [KVH * tiles, G * tile_len, D + 4]
+        else:
+            acc.mul_(rescale).baddbmm_(probs, staged)
+        run_max = new_max
+        del probs, scores
+
+    return acc
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)

@@ -1,0 +1,115 @@
+"""Static tiling for paged attention: query tiles of one request each, context chunks.
+
+A batch is T query tokens (padded) in R request rows (padded); row r owns the
+tokens query_start_loc[r] .. query_start_loc[r+1]. Attention cuts every row
+into tiles of `tile_len` consecutive tokens, gathers each tile's context once
+per chunk of KV blocks, and scores the tile's tokens against it with one GEMM.
+
+Everything here that decides a shape is a Python int computed from other
+Python ints (T, R, heads, block size, max_model_len), so a graph captures it;
+`tile_map` then places the real tokens in those static tiles on the device,
+with no host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Bytes the per-chunk working set of one attention call may take (K or V as
+# gathered, their fp32 staging, scores, masks). The chunk length follows from
+# it, so transient memory does not grow with max_model_len. Tests lower it to
+# force many chunks; a larger value means fewer chunks, so fewer kernels per
+# layer (about 17 per extra chunk).
+CHUNK_BUDGET_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    num_tokens: int     # T, padded
+    num_rows: int       # R, padded
+    tile_len: int       # tokens per tile; a tile never spans two requests
+    num_tiles: int      # static bound on the tiles any batch of this shape fills
+    chunks: tuple[tuple[int, int], ...]   # (first block, blocks) of each context chunk
+    bytes_per_key: int  # the working set per key position of a chunk
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_tiles * self.tile_len
+
+
+def plan_tiles(num_tokens: int, num_rows: int, heads: int, kv_heads: int, head_dim: int,
+               cache_itemsize: int, block_size: int, max_model_len: int, table_width: int,
+               budget: int | None = None) -> TilePlan:
+    """The static shapes of one attention call.
+
+    Tiles: row r needs ceil(q_r / tile_len) tiles, so a batch needs at most
+    (T + k * (tile_len - 1)) // tile_len of them, k = min(R, T) non-empty rows,
+    and never more than T. tile_len = ceil(T / R) keeps both the padded query
+    slots (num_tiles * tile_len) and the context gathers (num_tiles) within
+    about 2x of the rows' own: decode (T = q * R) gets tiles of q tokens, a
+    chunked prefill gets tiles of T / R tokens.
+
+    Chunks: whole blocks, as many per chunk as the budget allows for the
+    working set below (at least one block); the last chunk takes the rest.
+    """
+    budget = CHUNK_BUDGET_BYTES if budget is None else budget
+    tile_len = max(1, -(-num_tokens // max(1, num_rows)))
+    busy_rows = min(num_rows, num_tokens)
+    num_tiles = max(1, min(num_tokens, (num_tokens + busy_rows * (tile_len - 1)) // tile_len))
+    # Per key position and tile: K (then V) gathered as stored, the fp32 staging
+    # row of D + 4 floats, the fp32 scores (exp'd in place), three boolean masks.
+    per_key = num_tiles * (kv_heads * (head_dim * cache_itemsize + (head_dim + 4) * 4) + tile_len * (heads * 4 + 3))
+    num_blocks = min(table_width, -(-max_model_len // block_size))
+    per_chunk = max(1, min(num_blocks, budget // (per_key * block_size)))
+    chunks = tuple((b, min(per_chunk, num_blocks - b)) for b in range(0, num_blocks, per_chunk))
+    return TilePlan(num_tokens, num_rows, tile_len, num_tiles, chunks, per_key)
+
+
+@dataclass
+class TileMap:
+    token: torch.Tensor     # [num_tiles, tile_len] token of each slot (idle ones clamped into [0, T))
+    idle: torch.Tensor      # [num_tiles, tile_len] the slot holds no token (past its row's end)
+    tile_row: torch.Tensor  # [num_tiles] request row of each tile
+
+
+def tile_map(meta, plan: TilePlan) -> TileMap:
+    """Place the batch's tokens in the plan's tiles, on the device.
+
+    In tile space row r spans ceil(q_r / tile_len) * tile_len slots from the
+    cumulative offset of the rows before it; slot u belongs to the row whose
+    span holds it and stands for token u + (start_r - offset_r). Slots
+    past the rows' spans and past a row's last token are idle. Padded rows
+    (q_r = 0) get no tiles; padded tokens (past query_start_loc[num_reqs]) get
+    no slot, so their output stays 0.
+    """
+    # NOTE: good metadata has 0 = qsl[0] <= qsl[1] <= ... <= T; a stale
+    # query_start_loc (a fault under test) need not. Forcing that shape, a no-op
+    # on good metadata, keeps the rows' token ranges disjoint and inside the
+    # batch, so no token is written twice (which a GPU would do in any order).
+    qsl = torch.cummax(meta.query_start_loc, 0).values.clamp_(max=plan.num_tokens)
+    starts, ends = qsl[:-1], qsl[1:]
+    tile_len = plan.tile_len
+    slots = torch.arange(plan.num_slots, device=qsl.device)
+    # Searching the rows' ends but the last puts every slot in a row: slots past
+    # every span land in the last row, past its end, so they are idle.
+    if tile_len == 1:
+        # Tile space is token space (query_start_loc[0] is 0).
+        row = torch.searchsorted(ends[:-1], slots, right=True)
+        token = slots
+    else:
+        # Row r is padded by (-q_r) mod tile_len slots; its span ends at its last
+        # token plus the padding of rows 0..r, and its tokens sit shifted by the
+        # padding of the rows before it.
+        pad = torch.remainder(starts - ends, tile_len)
+        pad_end = pad.cumsum(0)
+        span_end = ends + pad_end
+        shift = pad - pad_end
+        row = torch.searchsorted(span_end[:-1], slots, right=True)
+        token = slots + shift[row]
+    idle = token >= ends[row]
+    # Real tokens lie in [0, T); idle slots may point past the end.
+    token = token.clamp_(max=plan.num_tokens - 1)
+    shape = (plan.num_tiles, tile_len)
+    return TileMap(token.view(shape), idle.view(shape), row.view(shape)[:, 0])
