@@ -207,7 +207,7 @@ class GraphAudit:
             sink = self.sink or DEFAULT_SINK
             if sink is not None:
                 sink.add_finding(self, diagnosis)
-            warnings.warn(GraphAuditWarning(summary(diagnosis)), stacklevel=3)
+            warnings.warn(GraphAuditWarning(summary(diagnosis)), stacklevel=4)
 
     def __repr__(self) -> str:
         state = "bound" if self.graph is not None else ("recorded" if self.record else "not captured")

@@ -119,13 +119,16 @@ def group_copy_experiment(lab: Lab, rebinds: list[Rebind]) -> Experiment | None:
 
 def host_candidates(lab: Lab) -> list[tuple[Path, object, object]]:
     """(path, captured, live) for host values that changed since capture, shortest paths first."""
-    found = []
-    for path, captured in lab.record.host.items():
+    found, places = [], set()
+    for path, captured in sorted(lab.record.host.items(), key=lambda item: (item[0].depth(), str(item[0]))):
         live = resolve(path, lab.roots)
         if live is MISSING or type(live) is not type(captured) or live == captured:
             continue
-        found.append((path, captured, live))
-    found.sort(key=lambda c: (c[0].depth(), str(c[0])))
+        # NOTE: one attribute reached by two paths is one host value.
+        place = (id(resolve(Path(path.root, path.steps[:-1]), lab.roots)), path.steps[-1] if path.steps else None)
+        if place not in places:
+            places.add(place)
+            found.append((path, captured, live))
     return found[:MAX_HOST_CANDIDATES]
 
 

@@ -13,6 +13,7 @@ is a rebinding, a path whose Python value changed is a host-value candidate.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ ATTR, ITEM = "attr", "item"
 MAX_DEPTH = 6
 MAX_ITEMS = 256
 MAX_NODES = 20000
+MAX_VISITS = 3          # paths explored through one object (a buffer kept under two names gets both)
+_GETTERS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
 HOST_TYPES = (bool, int, float)
 # Objects of these modules are machinery, not engine state: never walked into.
 _OPAQUE_MODULES = ("torch.cuda", "torch._C", "torch.utils", "parity.audit", "parity.graphs", "threading",
@@ -47,8 +50,16 @@ class Path:
 
 
 def roots_of(fn, args: tuple, kwargs: dict, static_inputs: dict | None) -> dict:
-    """The objects a callable can reach: its arguments, bound object, closure and declared static inputs."""
-    roots = {"args": tuple(args), "kwargs": dict(kwargs)}
+    """The objects a callable can reach: declared static inputs, arguments, bound object, closure.
+
+    In that order: the walk names a tensor by the first path that reaches it,
+    and the names users declared are the best ones.
+    """
+    roots = {}
+    if static_inputs:
+        roots["static"] = {name: (value() if isinstance(value, _GETTERS) else value)
+                           for name, value in static_inputs.items()}
+    roots.update({"args": tuple(args), "kwargs": dict(kwargs)})
     owner = getattr(fn, "__self__", None)
     if owner is not None and not isinstance(owner, types.ModuleType):
         roots["self"] = owner
@@ -61,9 +72,6 @@ def roots_of(fn, args: tuple, kwargs: dict, static_inputs: dict | None) -> dict:
                 roots[name] = cell.cell_contents
             except ValueError:   # an empty cell
                 pass
-    if static_inputs:
-        roots["static"] = {name: (value() if callable(value) and not isinstance(value, torch.nn.Module) else value)
-                           for name, value in static_inputs.items()}
     return roots
 
 
@@ -104,7 +112,7 @@ def _children(obj):
 
 def walk(roots: dict):
     """Yield (path, value) for every tensor and host value reachable from `roots`, shortest paths first."""
-    seen: set[int] = set()
+    visits: dict[int, int] = {}
     frontier = [(Path(name), obj) for name, obj in roots.items()]
     nodes = 0
     while frontier and nodes < MAX_NODES:
@@ -117,9 +125,9 @@ def walk(roots: dict):
             if isinstance(obj, HOST_TYPES) and path.steps:
                 yield path, obj
                 continue
-            if obj is None or _opaque(obj) or id(obj) in seen or path.depth() >= MAX_DEPTH:
+            if obj is None or _opaque(obj) or visits.get(id(obj), 0) >= MAX_VISITS or path.depth() >= MAX_DEPTH:
                 continue
-            seen.add(id(obj))
+            visits[id(obj)] = visits.get(id(obj), 0) + 1
             for kind, key, child in _children(obj):
                 next_frontier.append((path.child(kind, key), child))
         frontier = next_frontier
