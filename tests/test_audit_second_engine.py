@@ -32,6 +32,14 @@ def test_engine_is_lossless_and_its_graphs_match_eager(pair):
     assert [(r.out, r.logprobs) for r in out_graphed] == [(r.out, r.logprobs) for r in out_eager]
 
 
+def test_a_frozen_draft_step_leaves_the_output_right_and_only_lowers_acceptance(pair):
+    prompts, max_new = workload()
+    clean, broken = SpecEngine(*pair), SpecEngine(*pair, bugs={"frozen"})
+    outputs = [[r.out for r in engine.generate(prompts, max_new)] for engine in (clean, broken)]
+    assert outputs[0] == outputs[1]
+    assert sum(broken.accepted_per_position) < sum(clean.accepted_per_position)
+
+
 def test_clean_engine_raises_nothing(pair):
     session, engine, _ = audited_run(pair, on_mismatch="raise")
     assert len(session.audits) == 6 and not session.unaudited

@@ -99,6 +99,9 @@ class AuditSession:
             return
         options = dict(self.configure(call.fn, call.args) or {}) if self.configure else {}
         audit = self.wrap(call.fn, name=options.pop("name", describe(call)), **options)
+        # NOTE: a graph outlives the scope that captured it (a module-scoped engine): its audit reports
+        # to whichever session is active at the replay, not to this one.
+        audit.sink = None
         audit.adopt(call.args, call.kwargs, block.tracer, block.spy.result)
         audit.bind(graph)
 

@@ -69,7 +69,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     replayed.writes = {ptr: post[ptr] if ptr in post else pre.saved[ptr][1] for ptr in eager.writes}
     lab = Lab(audit, roots, args, kwargs, pre, eager)
     try:
-        mismatch = compare(replayed, eager, record.output_names)
+        mismatch = compare(replayed, eager, record.output_names, layouts=lab.layouts)
         if mismatch is not None:
             audit.mismatches += 1
             # NOTE: in record mode a graph's first mismatch is localised; later ones only counted.

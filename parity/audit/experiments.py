@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from parity.audit.cheap import Rebind, moved_names
 from parity.audit.roles import MISSING, Path, assign, resolve
-from parity.audit.state import Result, Snapshot, clone_outputs, compare
+from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
 
 MAX_HOST_CANDIDATES = 16
 
@@ -52,6 +52,7 @@ class Lab:
         self.pre = pre
         self.eager = eager
         self.replays = 0
+        self.layouts = self.record.layouts
 
     def run(self, replay, outputs) -> Result:
         """Replay from the pre-replay state; the result over the storages the eager run wrote."""
@@ -62,35 +63,43 @@ class Lab:
         return Result(clone_outputs(outputs), writes)
 
     def matches(self, result: Result) -> bool:
-        return compare(result, self.eager, self.record.output_names) is None
+        return compare(result, self.eager, self.record.output_names, layouts=self.layouts) is None
 
 
-def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment | None:
-    """Copy the live value of one moved role into the captured tensor and replay; None when shapes differ."""
-    captured, live = rebind.role.tensor, rebind.live_tensor
-    if live is None or tuple(live.shape) != tuple(captured.shape) or live.dtype != captured.dtype:
-        return None
+def _replay_with_copy(lab: Lab, captured, live) -> bool:
+    if bit_equal(captured, live):
+        return False     # NOTE: copying equal values changes nothing: ruled out without a replay
     keep = Snapshot([captured])
 
     def replay():
         captured.copy_(live)
         lab.audit._raw_replay()
     try:
-        restores = lab.matches(lab.run(replay, lab.record.outputs))
+        return lab.matches(lab.run(replay, lab.record.outputs))
     finally:
         keep.restore()
-    role = rebind.role
+
+
+def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment | None:
+    """Copy the live value of one moved role into the captured tensor and replay; None when shapes differ."""
+    role, captured, live = rebind.role, rebind.role.tensor, rebind.live_tensor
+    if live is None or tuple(live.shape) != tuple(captured.shape) or live.dtype != captured.dtype:
+        return None
+    lab.pre.restore()
+    equal = bit_equal(captured, live)
+    restores = _replay_with_copy(lab, captured, live)
+    suffix = " (already equal: ruled out without a replay)" if equal else ""
     if rebind.owned:
         keeper = rebind.keeper
         return Experiment(
             "STALE_BUFFER", f"copy the live {role.name} (0x{live.data_ptr():x}) into the captured buffer "
-            f"{keeper.name} (0x{role.address:x}) and replay", [keeper.name], restores, role.address,
+            f"{keeper.name} (0x{role.address:x}) and replay{suffix}", [keeper.name], restores, role.address,
             live.data_ptr(), [f"the graph reads {keeper.name} at 0x{role.address:x}; the eager run reads "
                               f"{role.name} at 0x{live.data_ptr():x}, with other values: {keeper.name} "
                               "was not refreshed before the replay"])
     return Experiment(
         "BUFFER_REASSIGNED", f"copy the live {role.name} (0x{live.data_ptr():x}) into the captured storage "
-        f"(0x{role.address:x}) and replay", moved_names(found, role.storage), restores, role.address,
+        f"(0x{role.address:x}) and replay{suffix}", moved_names(found, role.storage), restores, role.address,
         live.data_ptr(),
         [rebind.describe() + ": it was rebound to a new tensor; nothing but the graph reads the captured one"])
 

@@ -66,6 +66,16 @@ class CaptureRecord:
     def roles_on(self, storage: int) -> list[Role]:
         return [r for r in self.roles if r.storage == storage]
 
+    @property
+    def layouts(self) -> dict[int, tuple]:
+        """Storage -> (name, dtype, shape) of the role naming it best; dtype/shape None unless it spans the storage."""
+        found: dict[int, tuple] = {}
+        for role in sorted(self.roles, key=lambda r: r.owner_rank):
+            if role.storage not in found:
+                whole = role.whole and role.tensor.is_contiguous()
+                found[role.storage] = (role.name, role.dtype if whole else None, role.shape if whole else None)
+        return found
+
 
 def _declared(path: Path) -> bool:
     return path.root == "static" or (path.root in ("args", "kwargs") and path.depth() == 1)

@@ -43,8 +43,8 @@ def diagnosis_panel(d: dict) -> Panel:
     if graph.get("backend"):
         where += f" · {graph['backend']}"
     if graph.get("num_tokens") is not None:
-        where += f" · {graph['num_tokens']} rows" + (f" ({graph['num_reqs']} real)" if graph.get("num_reqs")
-                                                      is not None else "")
+        real = f" ({graph['num_reqs']} real)" if graph.get("num_reqs") is not None else ""
+        where += f" · batch {graph['num_tokens']}{real}"
     grid.add_row("graph", where)
     if d.get("buffers"):
         grid.add_row("buffers", ", ".join(d["buffers"]))

@@ -64,18 +64,29 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float | None:
     return float(delta.nan_to_num(float("inf")).max()) if delta.numel() else 0.0
 
 
+def _as_layout(raw: torch.Tensor | None, layout) -> torch.Tensor | None:
+    if raw is None or layout is None or layout[1] is None:
+        return raw
+    return raw.view(layout[1]).view(layout[2])
+
+
 def compare(graph: Result, eager: Result, names: list[str], rows: int | None = None,
-            padded: int | None = None) -> Mismatch | None:
+            padded: int | None = None, layouts: dict | None = None) -> Mismatch | None:
     """The first difference between two results.
 
     With `rows`, outputs whose leading dimension is `padded` are compared on
-    their first `rows` rows only (the real rows of a padded batch).
+    their first `rows` rows only (the real rows of a padded batch). `layouts`
+    maps a written storage to (name, dtype, shape) to compare it as a tensor.
     """
     differing, first = [], None
     pairs = [(n, g, e) for n, g, e in zip(names, graph.outputs, eager.outputs)]
     if len(graph.outputs) != len(eager.outputs):
         return Mismatch("number of outputs", [], None, ["outputs"])
-    pairs += [(f"written storage 0x{ptr:x}", graph.writes.get(ptr), eager.writes[ptr]) for ptr in eager.writes]
+    layouts = layouts or {}
+    for ptr in eager.writes:
+        layout = layouts.get(ptr)
+        name = layout[0] if layout else f"written storage 0x{ptr:x}"
+        pairs.append((name, _as_layout(graph.writes.get(ptr), layout), _as_layout(eager.writes[ptr], layout)))
     for name, g, e in pairs:
         if g is None:
             continue
