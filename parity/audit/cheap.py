@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.audit.record import CaptureRecord, Role
-from parity.audit.roles import MISSING, resolve
+from parity.audit.roles import MISSING, chain_of, resolve
 from parity.audit.trace import storage_ptr
 
 
@@ -29,6 +29,7 @@ class Rebind:
     role: Role
     live: object          # what the path reaches now: a tensor, another value or MISSING
     keeper: Role | None   # a role that still reaches the captured storage (the persistent buffer), if any
+    at_leaf: bool = True  # the path's objects are the captured ones: its last attribute/item itself was rebound
 
     @property
     def owned(self) -> bool:
@@ -68,19 +69,24 @@ def rebinds(record: CaptureRecord, roots: dict) -> list[Rebind]:
     for r in sorted(record.roles, key=lambda r: r.owner_rank):
         if isinstance(live[id(r)], torch.Tensor) and storage_ptr(live[id(r)]) == r.storage:
             keepers.setdefault(r.storage, r)
-    return [Rebind(r, live[id(r)], keepers.get(r.storage)) for r in moved]
+    return [Rebind(r, live[id(r)], keepers.get(r.storage), chain_of(r.path, roots) == r.chain) for r in moved]
+
+
+def rank(rebind: Rebind) -> tuple:
+    # NOTE: name the rebinding where it happened: a field rebound on an object that is still the
+    # captured one (`static.pos = new`) before a path through an object replaced as a whole.
+    return (not rebind.at_leaf,) + rebind.role.owner_rank
 
 
 def moved_names(found: list[Rebind], storage: int) -> list[str]:
-    """Names of the moved roles on one captured storage, the whole buffer's first."""
-    roles = sorted((r.role for r in found if r.role.storage == storage), key=lambda r: r.owner_rank)
-    return list(dict.fromkeys(r.name for r in roles))
+    """Names of the moved roles on one captured storage, where the rebinding happened first."""
+    return list(dict.fromkeys(r.role.name for r in sorted(found, key=rank) if r.role.storage == storage))
 
 
 def reassigned(found: list[Rebind]) -> list[Rebind]:
     """Rebinds that leave the graph reading memory no role reaches any more (one per storage)."""
     picked: dict[int, Rebind] = {}
-    for rebind in sorted(found, key=lambda r: r.role.owner_rank):
+    for rebind in sorted(found, key=rank):
         if not rebind.owned and rebind.role.storage not in picked:
             picked[rebind.role.storage] = rebind
     return list(picked.values())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from parity.audit.cheap import Rebind
+from parity.audit.cheap import Rebind, rank
 from parity.audit.experiments import (Experiment, Lab, copy_experiment, group_copy_experiment, host_candidates,
                                       host_experiments)
 from parity.audit.state import Mismatch
@@ -20,7 +20,7 @@ from parity.audit.state import Mismatch
 
 def _copies(lab: Lab, rebinds: list[Rebind]) -> tuple[list[Experiment], list[str]]:
     experiments, notes, seen = [], [], set()
-    for rebind in rebinds:
+    for rebind in sorted(rebinds, key=rank):
         key = (rebind.role.storage, rebind.role.address, id(rebind.live))
         if key in seen:
             continue

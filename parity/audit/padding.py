@@ -26,7 +26,7 @@ from parity.audit.state import Result, Snapshot, clone_outputs, compare
 def padding_roles(lab: Lab, padded: int) -> list[Role]:
     """The per-step floating-point inputs with `padded` rows, one per captured tensor."""
     picked: dict[tuple[int, int], Role] = {}
-    for role in lab.record.roles:
+    for role in sorted(lab.record.roles, key=lambda r: not r.declared):
         t = role.tensor
         if not t.is_floating_point() or not t.dim() or t.shape[0] != padded or role.written:
             continue

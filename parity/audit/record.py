@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from parity.audit.backends import non_owning
-from parity.audit.roles import HOST_TYPES, Path, roots_of, walk
+from parity.audit.roles import HOST_TYPES, Path, chain_of, roots_of, walk
 from parity.audit.trace import ReadSetTracer, byte_range, storage_ptr
 
 MAX_PATHS_PER_TENSOR = 3
@@ -33,6 +33,7 @@ class Role:
     version: int                # its version counter right after capture
     written: bool               # the graph writes this storage
     declared: bool              # a declared static input or a direct tensor argument
+    chain: tuple = ()           # ids of the objects along the path at capture (root excluded, leaf excluded)
 
     @property
     def name(self) -> str:
@@ -95,7 +96,8 @@ def build_record(fn, args, kwargs, static_inputs, tracer: ReadSetTracer, result,
     """The record of one capture of `fn(*args, **kwargs)` that returned `result`."""
     spans = _touched(tracer)
     roles, host, per_tensor = [], {}, {}
-    for path, value in walk(roots_of(fn, args, kwargs, static_inputs)):
+    roots = roots_of(fn, args, kwargs, static_inputs)
+    for path, value in walk(roots):
         if not isinstance(value, torch.Tensor):
             if isinstance(value, HOST_TYPES) and len(host) < MAX_HOST_VALUES:
                 host[path] = value
@@ -109,7 +111,8 @@ def build_record(fn, args, kwargs, static_inputs, tracer: ReadSetTracer, result,
             continue
         per_tensor[id(value)] += 1
         roles.append(Role(path, value, storage_ptr(value), value.data_ptr(), tuple(value.shape), value.dtype,
-                          value._version, storage_ptr(value) in tracer.writes, _declared(path)))
+                          value._version, storage_ptr(value) in tracer.writes, _declared(path),
+                          chain_of(path, roots)))
     named = {r.storage for r in roles}
     unnamed = [t for (storage, _, _), t in tracer.reads.items() if storage not in named]
     outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]

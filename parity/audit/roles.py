@@ -152,6 +152,11 @@ def resolve(path: Path, roots: dict):
 MISSING = _MISSING
 
 
+def chain_of(path: Path, roots: dict) -> tuple:
+    """Identities of the objects a path passes through (after the root, before the leaf)."""
+    return tuple(id(resolve(Path(path.root, path.steps[:i]), roots)) for i in range(1, len(path.steps)))
+
+
 def assign(path: Path, roots: dict, value) -> bool:
     """Set the value at `path` (attributes, dict and list items); False when it cannot be set."""
     if not path.steps:
