@@ -42,6 +42,9 @@ def run_experiments(lab: Lab, rebinds: list[Rebind]) -> tuple[Experiment | None,
     if restoring:
         best = restoring[0]
         best.evidence += [f"also restores parity alone: {e.description}" for e in restoring[1:]]
+        if control.restores:
+            best.evidence.append("a re-capture with every host value as captured restores parity too, as it "
+                                 "must when the graph reads a tensor the live objects no longer hold")
         return best, run + [control], notes
     group = group_copy_experiment(lab, rebinds)
     if group is not None:
