@@ -36,11 +36,11 @@ class Metadata:
 
 
 class ToyModel(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, device="cpu"):
         super().__init__()
         gen = torch.Generator().manual_seed(0)
-        self.embed = torch.nn.Parameter(torch.randn(32, 8, generator=gen), requires_grad=False)
-        self.proj = torch.nn.Parameter(torch.randn(8, 8, generator=gen), requires_grad=False)
+        self.embed = torch.nn.Parameter(torch.randn(32, 8, generator=gen).to(device), requires_grad=False)
+        self.proj = torch.nn.Parameter(torch.randn(8, 8, generator=gen).to(device), requires_grad=False)
 
     def forward(self, input_ids, positions):
         meta = vllm.get_forward_context().attn_metadata["layers.0"]
@@ -51,15 +51,16 @@ class ToyModel(torch.nn.Module):
 class ToyRunner:
     """Persistent buffers at the largest size; per-step metadata as views of them (or, with the bug, not)."""
 
-    def __init__(self, bug: bool):
+    def __init__(self, bug: bool, device: str = "cpu"):
         self.bug = bug
-        self.input_ids = torch.zeros(4, dtype=torch.long)
-        self.positions = torch.zeros(4, dtype=torch.long)
-        self.seq_lens = torch.zeros(4, dtype=torch.long)
-        self.model = vllm.CUDAGraphWrapper(ToyModel(), None, vllm.CUDAGraphMode.FULL)
+        self.input_ids = torch.zeros(4, dtype=torch.long, device=device)
+        self.positions = torch.zeros(4, dtype=torch.long, device=device)
+        self.seq_lens = torch.zeros(4, dtype=torch.long, device=device)
+        graphs = torch.cuda if device == "cuda" else vllm.emulated
+        self.model = vllm.CUDAGraphWrapper(ToyModel(device), None, vllm.CUDAGraphMode.FULL, graphs=graphs)
 
     def step(self, step: int, bs: int = 4):
-        self.input_ids[:bs] = torch.arange(bs) + step
+        self.input_ids[:bs] = torch.arange(bs, device=self.input_ids.device) + step
         self.positions[:bs] = step
         self.seq_lens[:bs] = step + 1
         seq_lens = (self.seq_lens[:bs] + 0) if self.bug and step > 0 else self.seq_lens[:bs]
@@ -76,8 +77,8 @@ def audited():
     undo()
 
 
-def test_recipe_audits_each_descriptor_and_names_the_metadata_field(audited):
-    runner = ToyRunner(bug=True)
+def test_recipe_audits_each_descriptor_and_names_the_metadata_field(audited, device="cpu"):
+    runner = ToyRunner(bug=True, device=device)
     for step in range(3):
         runner.step(step, bs=4)
         runner.step(step, bs=2)
@@ -88,8 +89,8 @@ def test_recipe_audits_each_descriptor_and_names_the_metadata_field(audited):
     assert all(e.buffers == ["static['forward_context'].attn_metadata['layers.0'].seq_lens"] for e in errors)
 
 
-def test_recipe_on_a_clean_runner_returns_the_eager_values(audited):
-    runner = ToyRunner(bug=False)
+def test_recipe_on_a_clean_runner_returns_the_eager_values(audited, device="cpu"):
+    runner = ToyRunner(bug=False, device=device)
     outputs = [runner.step(step).clone() for step in range(3)]
     assert all(a.errors == [] and a.replays == 2 for a in runner.model.parity_audits.values())
     with vllm.set_forward_context({"layers.0": Metadata(runner.seq_lens)}, None, vllm.CUDAGraphMode.NONE):

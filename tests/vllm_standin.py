@@ -78,6 +78,8 @@ class CUDAGraphWrapper:
         self.runtime_mode = runtime_mode
         self.graphs = graphs
         self.graph_pool = graphs.graph_pool_handle()
+        # NOTE: vLLM captures on its own current stream, never the legacy default one (CUDA refuses that).
+        self.stream = torch.cuda.Stream() if graphs is torch.cuda else None
         self.concrete_cudagraph_entries: dict[BatchDescriptor, CUDAGraphEntry] = {}
 
     def __call__(self, *args, **kwargs):
@@ -89,7 +91,7 @@ class CUDAGraphWrapper:
         entry = self.concrete_cudagraph_entries.setdefault(batch_descriptor, CUDAGraphEntry(batch_descriptor))
         if entry.cudagraph is None:
             cudagraph = self.graphs.CUDAGraph()
-            with self.graphs.graph(cudagraph, pool=self.graph_pool, stream=self.graphs.current_stream()):
+            with self.graphs.graph(cudagraph, pool=self.graph_pool, stream=self.stream):
                 output = self.runnable(*args, **kwargs)
                 output = weak_ref_tensors(self.graphs, output)
             entry.output = weak_ref_tensors(self.graphs, output)

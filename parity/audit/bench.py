@@ -3,8 +3,8 @@
 `measure_overhead()` captures the same workload three times (plain graph,
 GraphAudit every=1, GraphAudit every=16) on the backend present (CUDA when
 available, else the emulated stand-in) and times their replays side by side
-in one loop (rotating order, inputs refreshed before each, garbage collected
-between replays, never inside one), so drift in machine load hits all three
+in one loop (rotating order, inputs refreshed before each, the cyclic garbage
+collector paused), so drift in machine load hits all three
 alike; it returns medians. `python -m parity.audit.bench` prints them.
 """
 
@@ -73,8 +73,9 @@ def _capture(step: DecodeStep, every: int | None):
 
 @contextlib.contextmanager
 def _no_gc():
-    """Collections happen between timed replays, never inside one."""
+    """No cyclic garbage collection inside the loop (refcounting still frees): it would land in a timing."""
     enabled = gc.isenabled()
+    gc.collect()
     gc.disable()
     try:
         yield
@@ -101,7 +102,6 @@ def measure_overhead(iterations: int = 48, device: str | torch.device | None = N
             # NOTE: the order rotates so no variant always runs after the allocation-heavy one.
             for name in names[i % 3:] + names[:i % 3]:
                 steps[name].refresh(i)
-                gc.collect()
                 sync()
                 start = time.perf_counter()
                 graphs[name][0].replay()

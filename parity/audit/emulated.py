@@ -27,18 +27,19 @@ from torch.utils._pytree import tree_map
 from parity.audit import capture as capture_stack
 from parity.audit.backends import non_owning
 from parity.audit.trace import WriteLog
+# NOTE: only the backend's begin/end/abort/new_pool are used, so a reorganisation of
+# parity.graphs behind that interface does not reach the audit.
 from parity.graphs.emulated import EmulatedBackend as _Recorders
-from parity.graphs.emulated import EmulatedPool
 
 _RECORDERS = _Recorders(torch.device("cpu"))
-_POOLS: "weakref.WeakSet[EmulatedPool]" = weakref.WeakSet()
+_POOLS: "weakref.WeakSet" = weakref.WeakSet()
 # Set by the auto-audit (pytest --parity-audit) to audit every capture; None otherwise.
 AUTO_HOOKS = None
 
 
-def graph_pool_handle() -> EmulatedPool:
+def graph_pool_handle():
     """A new graph memory pool (share it between captures as with torch.cuda.graph_pool_handle())."""
-    pool = EmulatedPool(f"pool{len(_POOLS)}")
+    pool = _RECORDERS.new_pool(f"pool{len(_POOLS)}")
     _POOLS.add(pool)
     return pool
 
@@ -96,7 +97,7 @@ class CUDAGraph:
     def reset(self) -> None:
         self._segment = None
 
-    def pool(self) -> EmulatedPool | None:
+    def pool(self):
         return self._pool
 
 
