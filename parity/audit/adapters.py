@@ -18,7 +18,7 @@ import torch
 
 from parity.audit import emulated
 from parity.audit.audit import GraphAudit
-from parity.audit.capture import capturing
+from parity.audit.capture import capturing, paused_gc
 from parity.audit.trace import WriteLog
 
 
@@ -41,7 +41,7 @@ def audited_graph(graph, fn, *, name: str | None = None, pool=None, stream=None,
         block = emulated.graph(graph, pool=pool)
     else:
         block = torch.cuda.graph(graph, pool=pool, stream=stream)
-    with capturing(graph), block:
+    with paused_gc(), capturing(graph), block:
         yield audit
     if audit.graph is None:
         raise RuntimeError(f"{audit.name}: the capture block never called the audited callable")

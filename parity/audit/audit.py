@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from parity.audit import pool
 from parity.audit.backends import backend_for
-from parity.audit.capture import cuda_capturing, current_frame
+from parity.audit.capture import cuda_capturing, current_frame, paused_gc
 from parity.audit.cheap import not_refreshed, rebinds
 from parity.audit.check import cheap_reassigned, checked_replay
 from parity.audit.diagnosis import GraphAuditWarning, GraphParityError, make_diagnosis, summary
@@ -104,7 +104,7 @@ class GraphAudit:
     def capture_call(self, args: tuple, kwargs: dict, frame=None):
         """Run fn inside the open capture of `frame` (None: a CUDA capture bind() will name), recording it."""
         tracer = ReadSetTracer()
-        with tracer:
+        with paused_gc(), tracer:
             result = self.fn(*args, **kwargs)
         self.adopt(args, kwargs, tracer, result)
         if frame is not None:

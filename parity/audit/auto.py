@@ -111,6 +111,8 @@ def _auditing_graph_class(base):
 
     class AuditingCUDAGraph(base):
         def capture_begin(self, *args, **kwargs):
+            self._parity_gc = capture_stack.paused_gc()
+            self._parity_gc.__enter__()
             super().capture_begin(*args, **kwargs)
             frame = capture_stack.push(self)
             if _SESSIONS and not frame.internal:
@@ -121,8 +123,11 @@ def _auditing_graph_class(base):
             active = bool(_SESSIONS) and frame is not None and not frame.internal
             if active:
                 _SESSIONS[-1].capture_ending(self, frame)
-            super().capture_end()
-            capture_stack.pop(self)
+            try:
+                super().capture_end()
+            finally:
+                capture_stack.pop(self)
+                self._parity_gc.__exit__(None, None, None)
             if active:
                 _SESSIONS[-1].capture_ended(self, frame)
 

@@ -56,7 +56,7 @@ class CudaBackend:
         log.undo()
         torch.cuda.synchronize()
         graph = _TORCH_GRAPH()
-        with capture_stack.internal(graph), torch.no_grad():
+        with capture_stack.internal(graph), capture_stack.paused_gc(), torch.no_grad():
             with _TORCH_GRAPH_CTX(graph, pool=torch.cuda.graph_pool_handle(), stream=stream):
                 outputs = fn(*args, **kwargs)
         torch.cuda.synchronize()

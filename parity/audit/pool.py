@@ -71,7 +71,7 @@ def after_replay(culprit) -> None:
                     f"of graph {culprit.name!r}, before {victim.name!r} ran again"]
         if again:
             evidence.append(f"restoring it and replaying {culprit.name!r} alone overwrites it again: the two graphs "
-                            "share pool memory, and the first one's output is still live")
+                            f"share pool memory; whatever reads {name} after that replay reads the other graph's data")
         else:
             evidence.append(f"replaying {culprit.name!r} alone on restored outputs did not overwrite them again")
         index = live.audit().record.output_names.index(name)

@@ -109,11 +109,13 @@ class SpecEngine:
             warm_up(api, self.verify_forward, bs)
             graph, out = capture(api, self.target_pool, self.verify_forward, bs)
             self.graphs["verify", bs] = (graph, weak_ref(api, out))
+            del out                              # held weakly only: its memory goes back to the pool now
         for bs in reversed(self.sizes):
             self.draft_in, self.draft_step = self.static_draft.view(bs), 0
             warm_up(api, self.draft_forward, bs)
             graph, out = capture(api, draft_pool, self.draft_forward, bs)
             self.graphs["draft", bs] = (graph, weak_ref(api, out))
+            del out
 
     def verify_forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Captured body: target logits [bs, 1+K, vocab] and hidden [bs, 1+K, hidden] of `verify_in`."""
