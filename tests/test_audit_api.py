@@ -191,3 +191,49 @@ def test_graphed_decorator_copies_inputs_and_checks():
     settings["scale"] = 2.0
     mlp(x)
     assert [(e.kind, e.buffers) for e in mlp.audit.errors] == [("FROZEN_AT_CAPTURE", ["settings['scale']"])]
+
+
+def test_a_shadow_run_that_raises_leaves_the_replay_state():
+    cache = torch.zeros(4)
+    state = {"eager_fails": False}
+
+    def forward():
+        if state["eager_fails"]:            # Python: seen by the eager run only, never by the replay
+            raise RuntimeError("eager failure")
+        cache.add_(1.0)
+        return cache * 2
+
+    audit = GraphAudit(forward, name="raises")
+    graph = emulated.CUDAGraph()
+    with emulated.graph(graph):
+        audit()
+    state["eager_fails"] = True
+    with pytest.raises(RuntimeError, match="eager failure"):
+        graph.replay()
+    assert torch.equal(cache, torch.ones(4))     # the replay's write, nothing from the shadow run
+
+
+def test_an_enum_is_a_host_value_and_is_never_written_into():
+    import enum
+
+    class Mode(enum.Enum):
+        FULL = 1
+        PIECEWISE = 2
+
+    holder = {"mode": Mode.FULL}
+    x = torch.zeros(4)
+    audit = GraphAudit(lambda: x + (1.0 if holder["mode"] is Mode.FULL else 2.0), name="enum",
+                       static_inputs={"holder": holder}, on_mismatch="record")
+    graph = emulated.CUDAGraph()
+    with emulated.graph(graph):
+        audit()
+    holder["mode"] = Mode.PIECEWISE
+    graph.replay()
+    assert Mode.FULL.value == 1 and Mode.PIECEWISE.value == 2 and holder["mode"] is Mode.PIECEWISE
+    assert [(e.kind, e.buffers) for e in audit.errors] == [("FROZEN_AT_CAPTURE", ["holder['mode']"])]
+
+
+def test_engines_installed_in_site_packages_are_callables():
+    from parity.audit.infer import _STDLIB, _not_callable
+    assert _not_callable(f"{_STDLIB}/weakref.py")
+    assert not _not_callable(f"{_STDLIB}/site-packages/vllm/worker.py")

@@ -11,6 +11,8 @@ Public API (stable):
     GraphAudit, GraphParityError, GraphAuditWarning   the audit, its error and warning
     audited_graph, graphed                             adapters (torch.cuda.graph blocks,
                                                        make_graphed_callables-style callables)
+    auto_audit, AuditSession                           audit every capture in a block (what the
+                                                       pytest plugin does per test)
     capturing                                          mark a graph as being captured
     emulated                                           CPU stand-in for torch.cuda's graph API
     render_diagnosis, diagnosis_panel                  the rich panel
@@ -21,9 +23,10 @@ See docs/audit.md for the five-minute guide; pytest users: `pytest --parity-audi
 from parity.audit import emulated
 from parity.audit.adapters import audited_graph, graphed
 from parity.audit.audit import GraphAudit
+from parity.audit.auto import AuditSession, auto_audit
 from parity.audit.capture import capturing
 from parity.audit.diagnosis import DIAGNOSIS_KEYS, GraphAuditWarning, GraphParityError
 from parity.audit.render import diagnosis_panel, render_diagnosis
 
-__all__ = ["DIAGNOSIS_KEYS", "GraphAudit", "GraphAuditWarning", "GraphParityError", "audited_graph",
-           "capturing", "diagnosis_panel", "emulated", "graphed", "render_diagnosis"]
+__all__ = ["DIAGNOSIS_KEYS", "AuditSession", "GraphAudit", "GraphAuditWarning", "GraphParityError", "audited_graph",
+           "auto_audit", "capturing", "diagnosis_panel", "emulated", "graphed", "render_diagnosis"]

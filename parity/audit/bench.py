@@ -115,6 +115,7 @@ def measure_overhead(iterations: int = 48, device: str | torch.device | None = N
 
 
 def main() -> None:
+    """Print measure_overhead() as a table (python -m parity.audit.bench)."""
     from rich.console import Console
     from rich.table import Table
 

@@ -33,6 +33,7 @@ def current_frame() -> CaptureFrame | None:
 
 
 def frame_of(graph) -> CaptureFrame | None:
+    """The open frame capturing `graph`, or None."""
     for frame in reversed(_STACK):
         if frame.graph is graph:
             return frame

@@ -73,6 +73,7 @@ def rebinds(record: CaptureRecord, roots: dict) -> list[Rebind]:
 
 
 def rank(rebind: Rebind) -> tuple:
+    """Sort key of rebinds: where the rebinding happened first, then the buffer itself before views."""
     # NOTE: name the rebinding where it happened: a field rebound on an object that is still the
     # captured one (`static.pos = new`) before a path through an object replaced as a whole.
     return (not rebind.at_leaf,) + rebind.role.owner_rank

@@ -28,13 +28,15 @@ from parity.audit.trace import WriteLog
 
 
 def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
-    """`fn` run eagerly; its outputs and writes, already undone."""
-    with torch.no_grad(), WriteLog() as log:
-        out = fn(*args, **kwargs)
-    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    result = Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()})
-    log.undo()
-    return result, log
+    """`fn` run eagerly; its outputs and writes, already undone (also when fn raises)."""
+    log = WriteLog()
+    try:
+        with torch.no_grad(), log:
+            out = fn(*args, **kwargs)
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()}), log
+    finally:
+        log.undo()
 
 
 def cheap_reassigned(audit, found: list[Rebind]) -> dict | None:
@@ -60,36 +62,41 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     audit.backend.sync()
     replayed = Result(clone_outputs(record.outputs))
     post = pre.current()
-    pool.after_replay(audit)
-    diagnoses = []
-    pre.restore()
-    eager, log = shadow(record.fn, args, kwargs)
-    for ptr, (live, saved) in log.saved.items():
-        pre.add_bytes(ptr, live, saved)
-    replayed.writes = {ptr: post[ptr] if ptr in post else pre.saved[ptr][1] for ptr in eager.writes}
-    lab = Lab(audit, roots, args, kwargs, pre, eager)
     try:
-        mismatch = compare(replayed, eager, record.output_names, layouts=lab.layouts)
-        if mismatch is not None:
-            audit.mismatches += 1
-            # NOTE: in record mode a graph's first mismatch is localised; later ones only counted.
-            if audit.mismatches == 1 or audit.on_mismatch == "raise":
-                diagnoses.append(localise(lab, mismatch, found, started))
-        elif (cheap := cheap_reassigned(audit, found)) is not None:
-            diagnoses.append(cheap)
-        num_valid, padded = audit.num_valid_now(), audit.padded_rows
-        # NOTE: padding is judged on exact replays only: a broken graph leaks in ways of its own.
-        if mismatch is None and num_valid is not None and padded is not None:
-            leak = padding_check(lab, replayed, num_valid, padded)
-            if leak is not None:
-                diagnoses.append(audit._diagnosis(
-                    leak.kind, leak.buffers, rows=leak.rows, max_abs_diff=leak.max_abs_diff,
-                    captured_address=leak.captured_address, evidence=leak.evidence, replays=lab.replays,
-                    experiment=leak.description))
+        pool.after_replay(audit)
+        pre.restore()
+        eager, log = shadow(record.fn, args, kwargs)
+        for ptr, (live, saved) in log.saved.items():
+            pre.add_bytes(ptr, live, saved)
+        replayed.writes = {ptr: post[ptr] if ptr in post else pre.saved[ptr][1] for ptr in eager.writes}
+        diagnoses = _judge(audit, Lab(audit, roots, args, kwargs, pre, eager), replayed, found, started)
     finally:
+        # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()
         pre.put(post)
         for out, value in zip(record.outputs, replayed.outputs):
             out.copy_(value)
     pool.remember(audit, replayed.outputs)
+    return diagnoses
+
+
+def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float) -> list[dict]:
+    diagnoses = []
+    mismatch = compare(replayed, lab.eager, audit.record.output_names, layouts=lab.layouts)
+    if mismatch is not None:
+        audit.mismatches += 1
+        # NOTE: in record mode a graph's first mismatch is localised; later ones only counted.
+        if audit.mismatches == 1 or audit.on_mismatch == "raise":
+            diagnoses.append(localise(lab, mismatch, found, started))
+    elif (cheap := cheap_reassigned(audit, found)) is not None:
+        diagnoses.append(cheap)
+    num_valid, padded = audit.num_valid_now(), audit.padded_rows
+    # NOTE: padding is judged on exact replays only: a broken graph leaks in ways of its own.
+    if mismatch is None and num_valid is not None and padded is not None:
+        leak = padding_check(lab, replayed, num_valid, padded)
+        if leak is not None:
+            diagnoses.append(audit._diagnosis(
+                leak.kind, leak.buffers, rows=leak.rows, max_abs_diff=leak.max_abs_diff,
+                captured_address=leak.captured_address, evidence=leak.evidence, replays=lab.replays,
+                experiment=leak.description))
     return diagnoses

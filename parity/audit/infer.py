@@ -23,9 +23,15 @@ import torch
 
 # Frames of these files belong to capture machinery, not to the user's block.
 _MACHINERY = (os.path.dirname(__file__), os.path.dirname(torch.cuda.__file__))
-# Calls into the standard library (weakref finalizers of freed temporaries, run from whatever
-# frame is current) are never the captured callable.
-_NOT_CALLABLES = _MACHINERY + (sysconfig.get_paths()["stdlib"],)
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _not_callable(filename: str) -> bool:
+    """Machinery, or the standard library (weakref finalizers of freed temporaries run from whatever
+    frame is current), but not packages installed beside it (an engine in site-packages)."""
+    if filename.startswith(_MACHINERY):
+        return True
+    return filename.startswith(_STDLIB) and "-packages" not in filename
 
 
 @dataclass
@@ -63,7 +69,7 @@ class BlockSpy:
 
     def _global(self, frame, event, arg):
         local = self._previous(frame, event, arg) if self._previous is not None else None
-        if frame.f_back is not self.frame or frame.f_code.co_filename.startswith(_NOT_CALLABLES):
+        if frame.f_back is not self.frame or _not_callable(frame.f_code.co_filename):
             return local
         self.calls.append((frame.f_code, dict(frame.f_locals)))
         if local is None:

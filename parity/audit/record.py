@@ -64,9 +64,6 @@ class CaptureRecord:
     unnamed: list[torch.Tensor] = field(default_factory=list)   # external reads no path reaches
     num_ops: int = 0
 
-    def roles_on(self, storage: int) -> list[Role]:
-        return [r for r in self.roles if r.storage == storage]
-
     @property
     def layouts(self) -> dict[int, tuple]:
         """Storage -> (name, dtype, shape) of the role naming it best; dtype/shape None unless it spans the storage."""

@@ -13,6 +13,7 @@ is a rebinding, a path whose Python value changed is a host-value candidate.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import types
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ MAX_ITEMS = 256
 MAX_NODES = 20000
 MAX_VISITS = 3          # paths explored through one object (a buffer kept under two names gets both)
 _GETTERS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
-HOST_TYPES = (bool, int, float)
+HOST_TYPES = (bool, int, float, str, enum.Enum)     # values a graph can bake: compared, never walked into
 # Objects of these modules are machinery, not engine state: never walked into.
 _OPAQUE_MODULES = ("torch.cuda", "torch._C", "torch.utils", "parity.audit", "parity.graphs", "threading",
                    "weakref", "logging", "_pytest", "pluggy")
@@ -76,8 +77,9 @@ def roots_of(fn, args: tuple, kwargs: dict, static_inputs: dict | None) -> dict:
 
 
 def _opaque(obj) -> bool:
+    # NOTE: enum members are shared singletons: host values themselves, never written into.
     if isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, type, types.ModuleType,
-                        str, bytes, torch.dtype, torch.device)):
+                        str, bytes, torch.dtype, torch.device, enum.Enum)):
         return True
     module = type(obj).__module__ or ""
     return module.startswith(_OPAQUE_MODULES)

@@ -37,6 +37,7 @@ class Mismatch:
 
 
 def clone_outputs(tensors) -> list[torch.Tensor]:
+    """Copies of the tensors as they are now."""
     return [t.detach().clone() for t in tensors]
 
 

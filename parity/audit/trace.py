@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 
 def storage_ptr(t: torch.Tensor) -> int:
+    """The address of the storage a tensor views (its identity as memory)."""
     return t.untyped_storage().data_ptr()
 
 
@@ -119,9 +120,6 @@ class ReadSetTracer(TorchDispatchMode):
         for t in fresh_outputs(out, flat):
             self._produced.add(*byte_range(t))
         return out
-
-    def read_ranges(self) -> list[tuple[int, int, int]]:
-        return list(self.reads)
 
 
 class WriteLog(TorchDispatchMode):

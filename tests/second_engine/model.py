@@ -24,6 +24,7 @@ class LayerCache:
 
 
 def new_cache(config: Config, num_layers: int, rows: int, max_seq: int, device) -> list[LayerCache]:
+    """Zeroed caches for `num_layers` layers, `rows` cache rows of `max_seq` positions."""
     shape = (rows, max_seq, config.kv_heads, config.head_dim)
     return [LayerCache(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
             for _ in range(num_layers)]
@@ -38,6 +39,7 @@ def rope_tables(config: Config, max_seq: int, device) -> tuple[torch.Tensor, tor
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm over the last dimension."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
@@ -68,6 +70,7 @@ def attention(x, layer: Layer, config: Config, cache: LayerCache, positions, row
 
 
 def mlp(x: torch.Tensor, layer: Layer) -> torch.Tensor:
+    """SwiGLU."""
     return (F.silu(x @ layer.w_gate.T) * (x @ layer.w_up.T)) @ layer.w_down.T
 
 
