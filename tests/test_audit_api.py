@@ -237,3 +237,21 @@ def test_engines_installed_in_site_packages_are_callables():
     from parity.audit.infer import _STDLIB, _not_callable
     assert _not_callable(f"{_STDLIB}/weakref.py")
     assert not _not_callable(f"{_STDLIB}/site-packages/vllm/worker.py")
+
+
+def test_a_padding_spec_poisons_integer_inputs_too():
+    table = torch.randn(16, 8)
+    tokens = torch.tensor([1, 2, 3, 4])
+
+    def forward():                       # the padded row's token leaks through a batch-wide mean
+        rows = table[tokens]
+        return rows - rows.mean(0)
+
+    for padding, expected in ((None, []), ({"tokens": 15}, ["PADDING_LEAK"])):
+        audit = GraphAudit(forward, name="ids", num_valid=3, padding=padding, on_mismatch="record")
+        graph = emulated.CUDAGraph()
+        with emulated.graph(graph):
+            audit()
+        graph.replay()
+        assert [e.kind for e in audit.errors] == expected
+    assert audit.errors[0].buffers == ["tokens"]

@@ -56,8 +56,10 @@ class GraphAudit:
     NOT_REFRESHED. every: shadow-check every N-th replay (the 1st, N+1-th, ...);
     0 keeps only the cheap checks. on_mismatch: "raise" or "record".
     num_valid: real rows of the padded batch (an int or a zero-argument
-    callable read at each replay): enables the PADDING_LEAK check. padded_rows:
-    the graph's batch size (default: leading dimension of its first output).
+    callable read at each replay): enables the PADDING_LEAK check. padding:
+    {role name: poison value} for inputs to poison beyond the per-step float
+    ones (NaN by default). padded_rows: the graph's batch size (default:
+    leading dimension of its first output).
     output_names: names for fn's output tensors, in order. not_refreshed_after:
     replays after which a declared input never written since capture is
     reported (0: never).
@@ -65,13 +67,15 @@ class GraphAudit:
 
     def __init__(self, fn: Callable, *, name: str, static_inputs: dict | None = None, every: int = 1,
                  on_mismatch: str = "raise", num_valid: int | Callable[[], int] | None = None,
-                 padded_rows: int | None = None, output_names=None, not_refreshed_after: int = 8):
+                 padding: dict | None = None, padded_rows: int | None = None, output_names=None,
+                 not_refreshed_after: int = 8):
         if on_mismatch not in ("raise", "record"):
             raise ValueError("on_mismatch must be 'raise' or 'record'")
         if every < 0:
             raise ValueError("every must be >= 0")
         self.fn, self.name, self.static_inputs, self.every = fn, name, static_inputs, every
         self.on_mismatch, self.num_valid, self.output_names = on_mismatch, num_valid, output_names
+        self.padding = padding
         self.not_refreshed_after = not_refreshed_after
         self._padded_rows = padded_rows
         self.graph = None

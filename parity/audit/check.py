@@ -93,7 +93,7 @@ def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: floa
     num_valid, padded = audit.num_valid_now(), audit.padded_rows
     # NOTE: padding is judged on exact replays only: a broken graph leaks in ways of its own.
     if mismatch is None and num_valid is not None and padded is not None:
-        leak = padding_check(lab, replayed, num_valid, padded)
+        leak = padding_check(lab, replayed, num_valid, padded, audit.padding)
         if leak is not None:
             diagnoses.append(audit._diagnosis(
                 leak.kind, leak.buffers, rows=leak.rows, max_abs_diff=leak.max_abs_diff,

@@ -13,6 +13,7 @@ the output changes again, it is POOL_ALIAS.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ _LIVE: dict[object, _Live] = {}
 
 def family_of(fn) -> object:
     """Graphs of one family replace each other's outputs: same function, same bound object."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     owner = getattr(fn, "__self__", None)
     func = getattr(fn, "__func__", fn)
     return (id(owner) if owner is not None else None, getattr(func, "__code__", None) or id(func))
