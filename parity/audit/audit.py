@@ -17,6 +17,7 @@ appended to `audit.errors` (on_mismatch="record").
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -78,7 +79,7 @@ class GraphAudit:
         self.padding = padding
         self.not_refreshed_after = not_refreshed_after
         self._padded_rows = padded_rows
-        self.graph = None
+        self._graph_ref = None
         self.record: CaptureRecord | None = None
         self.backend = None
         self.replays = 0
@@ -130,10 +131,20 @@ class GraphAudit:
             if graph.replay.audit is self:
                 return self
             raise ValueError(f"graph is already audited by {graph.replay.audit.name!r}")
-        self.graph, self.backend = graph, backend_for(graph)
-        self._raw_replay = graph.replay
+        # NOTE: the graph is held weakly (it holds the audit through its replay hook), so a graph
+        # and its audit die with their owner by reference counting, never in a later GC pass that
+        # could run inside another capture.
+        self._graph_ref, self.backend = weakref.ref(graph), backend_for(graph)
+        own = graph.__dict__.get("replay")
+        replay, ref = type(graph).replay, self._graph_ref
+        self._raw_replay = own if own is not None else (lambda: replay(ref()))
         graph.replay = _ReplayHook(self)
         return self
+
+    @property
+    def graph(self):
+        """The graph this audit is bound to (None before bind())."""
+        return self._graph_ref() if self._graph_ref is not None else None
 
     # --- replay ------------------------------------------------------------------------
 
