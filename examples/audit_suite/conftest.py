@@ -30,11 +30,16 @@ def pair():
     return load_pair("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _plugin_loaded(config) -> bool:
+    # registered as "parity_audit" by the entry point, by module name with -p
+    return any(config.pluginmanager.hasplugin(name) for name in ("parity_audit", "parity.audit.pytest_plugin"))
+
+
 @pytest.fixture
 def engine(pair, request):
     bugs = [b for b in os.environ.get("PARITY_AUDIT_EXAMPLE_BUGS", "").split(",") if b]
-    if "graph_audit" in request.fixturenames or request.config.pluginmanager.hasplugin("parity.audit.pytest_plugin") \
-            or request.config.pluginmanager.hasplugin("parity_audit"):
+    if _plugin_loaded(request.config):
         # Tell the audit how many rows of a padded batch are real, so it can check padding is inert.
-        request.getfixturevalue("graph_audit").configure = lambda fn, args: {"num_valid": lambda: fn.__self__.num_valid}
+        graph_audit = request.getfixturevalue("graph_audit")
+        graph_audit.configure = lambda fn, args: {"num_valid": lambda: fn.__self__.num_valid}
     return SpecEngine(*pair, bugs=bugs)
