@@ -13,27 +13,17 @@ import torch
 
 from parity.audit import capture as capture_stack
 from parity.audit.trace import WriteLog
+from parity.graphs.cuda import non_owning as cuda_non_owning
 
 # Saved at import, before any patching: internal captures must never be audited themselves.
 _TORCH_GRAPH = getattr(torch.cuda, "CUDAGraph", None)
 _TORCH_GRAPH_CTX = getattr(torch.cuda, "graph", None)
 
 
-class _NonOwning:
-    """A __cuda_array_interface__ over raw memory: torch.as_tensor then owns nothing."""
-
-    def __init__(self, t: torch.Tensor):
-        self.__cuda_array_interface__ = {
-            "shape": (t.numel() * t.element_size(),), "typestr": "|u1",
-            "data": (t.data_ptr(), False), "version": 2, "strides": None,
-        }
-
-
 def non_owning(t: torch.Tensor) -> torch.Tensor:
     """An alias of `t` that does not keep its memory allocated (what vLLM's weak_ref_tensors gives)."""
     if t.is_cuda and t.is_contiguous():
-        raw = torch.as_tensor(_NonOwning(t), device=t.device)
-        return raw.view(t.dtype).view(t.shape)
+        return cuda_non_owning(t)
     # NOTE: emulated pools free a block when the last tensor *object* they track dies; a
     # set_() alias is a new object they do not track, so it keeps no block busy.
     alias = torch.empty(0, dtype=t.dtype, device=t.device)

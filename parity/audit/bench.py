@@ -10,7 +10,6 @@ alike; it returns medians. `python -m parity.audit.bench` prints them.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import statistics
 import time
@@ -20,6 +19,7 @@ import torch
 from parity.audit import emulated
 from parity.audit.adapters import audited_graph
 from parity.audit.audit import GraphAudit
+from parity.audit.capture import paused_gc
 
 
 class DecodeStep:
@@ -71,19 +71,6 @@ def _capture(step: DecodeStep, every: int | None):
     return graph, outputs
 
 
-@contextlib.contextmanager
-def _no_gc():
-    """No cyclic garbage collection inside the loop (refcounting still frees): it would land in a timing."""
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def measure_overhead(iterations: int = 48, device: str | torch.device | None = None, make_step=DecodeStep) -> dict:
     """Median replay time (ms) of a plain graph, an audited one checked every replay and every 16th.
 
@@ -97,7 +84,9 @@ def measure_overhead(iterations: int = 48, device: str | torch.device | None = N
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
-    with torch.no_grad(), _no_gc():
+    gc.collect()
+    # NOTE: no cyclic collection inside the loop (refcounting still frees): it would land in a timing.
+    with torch.no_grad(), paused_gc():
         for i in range(iterations):
             # NOTE: the order rotates so no variant always runs after the allocation-heavy one.
             for name in names[i % 3:] + names[:i % 3]:
