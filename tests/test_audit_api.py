@@ -255,3 +255,17 @@ def test_a_padding_spec_poisons_integer_inputs_too():
         graph.replay()
         assert [e.kind for e in audit.errors] == expected
     assert audit.errors[0].buffers == ["tokens"]
+
+
+def test_a_session_block_audits_every_capture_in_it():
+    from parity.audit import AuditSession
+    toy = Toy()
+    session = AuditSession(on_mismatch="record")
+    with session.auto():
+        graph = emulated.CUDAGraph()
+        with emulated.graph(graph):
+            toy.forward()
+        toy.feed(0, copy_pos=False)
+        graph.replay()
+    assert [a.name for a in session.audits] == ["Toy.forward()"]
+    assert [(e.kind, e.buffers) for e in session.errors] == [("STALE_BUFFER", ["self.static.pos"])]

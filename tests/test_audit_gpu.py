@@ -103,7 +103,7 @@ def test_graphed_decorator_on_cuda():
     assert torch.equal(mlp(x), torch.relu(x @ w))
 
 
-def test_vllm_recipe_on_cuda(monkeypatch):
+def test_vllm_recipe_on_cuda():
     undo = recipe_tests.recipe()["audit_cuda_graph_wrapper"](recipe_tests.vllm.CUDAGraphWrapper,
                                                              recipe_tests.vllm.get_forward_context, every=1,
                                                              on_mismatch="record")

@@ -67,6 +67,10 @@ class AuditSession:
     def add_finding(self, audit: GraphAudit, diagnosis: dict) -> None:
         self.findings.append(diagnosis)
 
+    def auto(self):
+        """A block in which every capture is audited into this session (what --parity-audit does per test)."""
+        return auto_audit(session=self)
+
     def assert_clean(self) -> None:
         """Raise the first error any audit of this session recorded."""
         if self.errors:

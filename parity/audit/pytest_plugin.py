@@ -51,9 +51,7 @@ def _every(config) -> int:
 def session_of(item) -> AuditSession:
     """The AuditSession of a test item (made on first use)."""
     if _SESSION not in item.stash:
-        session = AuditSession(every=_every(item.config), on_mismatch="record")
-        session.auto = lambda: auto_audit(session=session)
-        item.stash[_SESSION] = session
+        item.stash[_SESSION] = AuditSession(every=_every(item.config), on_mismatch="record")
     return item.stash[_SESSION]
 
 
