@@ -13,7 +13,8 @@ Public API (stable):
                                                        make_graphed_callables-style callables)
     auto_audit, AuditSession                           audit every capture in a block (what the
                                                        pytest plugin does per test)
-    capturing                                          mark a graph as being captured
+    capturing, paused_gc                               mark a graph as being captured; no cyclic
+                                                       GC inside a capture
     emulated                                           CPU stand-in for torch.cuda's graph API
     render_diagnosis, diagnosis_panel                  the rich panel
     DIAGNOSIS_KEYS                                     keys of every diagnosis dict
@@ -24,9 +25,9 @@ from parity.audit import emulated
 from parity.audit.adapters import audited_graph, graphed
 from parity.audit.audit import GraphAudit
 from parity.audit.auto import AuditSession, auto_audit
-from parity.audit.capture import capturing
+from parity.audit.capture import capturing, paused_gc
 from parity.audit.diagnosis import DIAGNOSIS_KEYS, GraphAuditWarning, GraphParityError
 from parity.audit.render import diagnosis_panel, render_diagnosis
 
 __all__ = ["DIAGNOSIS_KEYS", "AuditSession", "GraphAudit", "GraphAuditWarning", "GraphParityError", "audited_graph",
-           "auto_audit", "capturing", "diagnosis_panel", "emulated", "graphed", "render_diagnosis"]
+           "auto_audit", "capturing", "diagnosis_panel", "emulated", "graphed", "paused_gc", "render_diagnosis"]
