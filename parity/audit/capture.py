@@ -1,0 +1,96 @@
+"""Which graph is being captured right now, so a GraphAudit called inside a capture binds to it.
+
+`torch.cuda.graph` does not say which graph it is capturing, so whoever opens a
+capture pushes a frame here: the emulated stand-in always does, the pytest
+plugin's patched `torch.cuda.CUDAGraph` does, and so does `audited_graph`
+around a plain `torch.cuda.graph` block. Captures the audit makes for its own
+experiments are pushed as `internal`: nothing is audited inside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class CaptureFrame:
+    graph: object
+    internal: bool = False
+    audits: list = field(default_factory=list)     # GraphAudits that captured inside this frame
+    hooks: object = None                           # the auto-audit's block hooks, when the plugin is on
+
+
+_STACK: list[CaptureFrame] = []
+
+
+def current_frame() -> CaptureFrame | None:
+    """The innermost open capture, or None."""
+    return _STACK[-1] if _STACK else None
+
+
+def frame_of(graph) -> CaptureFrame | None:
+    """The open frame capturing `graph`, or None."""
+    for frame in reversed(_STACK):
+        if frame.graph is graph:
+            return frame
+    return None
+
+
+def push(graph, internal: bool = False) -> CaptureFrame:
+    """Open a frame for `graph` (or return the one already open for it)."""
+    frame = frame_of(graph)
+    if frame is None:
+        frame = CaptureFrame(graph, internal or any(f.internal for f in _STACK))
+        _STACK.append(frame)
+    return frame
+
+
+def pop(graph) -> CaptureFrame | None:
+    """Close the frame of `graph`; returns it (None when none was open)."""
+    frame = frame_of(graph)
+    if frame is not None:
+        _STACK.remove(frame)
+    return frame
+
+
+@contextlib.contextmanager
+def capturing(graph, internal: bool = False):
+    """Mark `graph` as being captured for the duration of the block."""
+    opened = frame_of(graph) is None
+    frame = push(graph, internal)
+    try:
+        yield frame
+    finally:
+        if opened:
+            pop(graph)
+
+
+def internal(graph):
+    """A capture the audit makes for itself: never audited."""
+    return capturing(graph, internal=True)
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """No cyclic garbage collection inside a CUDA capture.
+
+    An audited graph and its engine reference each other (graph.replay -> audit
+    -> fn -> engine -> graph), so dead ones wait for the cyclic collector; a
+    graph destroyed while another capture is open invalidates that capture.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def cuda_capturing() -> bool:
+    """True inside a CUDA stream capture (False on machines without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

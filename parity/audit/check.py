@@ -1,0 +1,102 @@
+"""The shadow check of one replay: replay, run the callable eagerly on the same live inputs, compare.
+
+Sequence (every storage the graph or the eager run writes is saved first, so
+nothing the check does is visible afterwards):
+1. replay the graph; keep its outputs and what it wrote;
+2. put the written storages back; run the callable eagerly, under an undo
+   log, on the live inputs (same objects, same padded shapes) into fresh
+   outputs; keep its outputs and writes; undo them;
+3. compare bitwise; on a mismatch, localise it with one-variable experiments;
+4. with `num_valid` known, poison the padding and compare the real rows;
+5. leave every storage as the real replay left it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from parity.audit import pool
+from parity.audit.cheap import Rebind, moved_names, reassigned
+from parity.audit.experiments import Lab
+from parity.audit.localise import localise
+from parity.audit.padding import padding_check
+from parity.audit.state import Result, Snapshot, clone_outputs, compare
+from parity.audit.trace import WriteLog
+
+
+def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
+    """`fn` run eagerly; its outputs and writes, already undone (also when fn raises)."""
+    log = WriteLog()
+    try:
+        with torch.no_grad(), log:
+            out = fn(*args, **kwargs)
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()}), log
+    finally:
+        log.undo()
+
+
+def cheap_reassigned(audit, found: list[Rebind]) -> dict | None:
+    """BUFFER_REASSIGNED from addresses alone (no shadow run)."""
+    culprits = reassigned(found)
+    if not culprits:
+        return None
+    first = culprits[0]
+    evidence = [r.describe() + ": no role reaches the captured storage any more, so nothing refreshes what the "
+                "graph reads" for r in culprits]
+    names = [name for r in culprits for name in moved_names(found, r.role.storage)]
+    return audit._diagnosis("BUFFER_REASSIGNED", names,
+                            captured_address=first.role.address, live_address=first.live_address,
+                            evidence=evidence, experiment="address check at replay (no shadow run)")
+
+
+def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Rebind]) -> list[dict]:
+    """Replay with the shadow check; returns the diagnoses (empty when the replay is exact)."""
+    record = audit.record
+    started = time.perf_counter()
+    pre = Snapshot(record.writes.values())
+    audit._raw_replay()
+    audit.backend.sync()
+    replayed = Result(clone_outputs(record.outputs))
+    post = pre.current()
+    try:
+        pool.after_replay(audit)
+        pre.restore()
+        eager, log = shadow(record.fn, args, kwargs)
+        for ptr, (live, saved) in log.saved.items():
+            pre.add_bytes(ptr, live, saved)
+        replayed.writes = {ptr: post[ptr] if ptr in post else pre.saved[ptr][1] for ptr in eager.writes}
+        diagnoses = _judge(audit, Lab(audit, roots, args, kwargs, pre, eager), replayed, found, started)
+    finally:
+        # NOTE: whatever happened, the program goes on from the state the real replay left.
+        pre.restore()
+        pre.put(post)
+        for out, value in zip(record.outputs, replayed.outputs):
+            out.copy_(value)
+    pool.remember(audit, replayed.outputs)
+    return diagnoses
+
+
+def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float) -> list[dict]:
+    diagnoses = []
+    mismatch = compare(replayed, lab.eager, audit.record.output_names, layouts=lab.layouts)
+    if mismatch is not None:
+        audit.mismatches += 1
+        # NOTE: in record mode a graph's first mismatch is localised; later ones only counted.
+        if audit.mismatches == 1 or audit.on_mismatch == "raise":
+            diagnoses.append(localise(lab, mismatch, found, started))
+    elif (cheap := cheap_reassigned(audit, found)) is not None:
+        diagnoses.append(cheap)
+    num_valid, padded = audit.num_valid_now(), audit.padded_rows
+    # NOTE: padding is judged on exact replays only: a broken graph leaks in ways of its own.
+    if mismatch is None and num_valid is not None and padded is not None:
+        leak = padding_check(lab, replayed, num_valid, padded, audit.padding)
+        if leak is not None:
+            diagnoses.append(audit._diagnosis(
+                leak.kind, leak.buffers, rows=leak.rows, max_abs_diff=leak.max_abs_diff,
+                captured_address=leak.captured_address, evidence=leak.evidence, replays=lab.replays,
+                experiment=leak.description))
+    return diagnoses

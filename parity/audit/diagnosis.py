@@ -1,0 +1,68 @@
+"""What an audit concludes, as plain data: the diagnosis dict, the error that carries it, findings.
+
+The dict has the keys `parity bisect --json` prints (kind, buffers, mode, owner,
+step, phase, draft_step, forward_index, rows, graph, captured_address,
+live_address, evidence, replays, max_abs_diff, timing) plus `experiment`, the
+one-variable experiment that isolated the cause, and `ruled_out`, those that
+did not restore parity. It is built here rather than borrowed from the
+analysis package so the audit stays importable on its own.
+"""
+
+from __future__ import annotations
+
+KINDS = ("STALE_BUFFER", "BUFFER_REASSIGNED", "FROZEN_AT_CAPTURE", "PADDING_LEAK", "POOL_ALIAS",
+         "CAPTURE_CONTEXT", "NOT_REFRESHED", "UNEXPLAINED")
+
+DIAGNOSIS_KEYS = ("kind", "buffers", "mode", "owner", "step", "phase", "draft_step", "forward_index", "rows",
+                  "graph", "captured_address", "live_address", "evidence", "replays", "max_abs_diff", "timing",
+                  "experiment", "ruled_out")
+
+
+def make_diagnosis(kind: str, buffers, *, owner: str, replay: int, graph: dict | None = None, rows=(),
+                   captured_address: int | None = None, live_address: int | None = None, evidence=(),
+                   replays: int = 0, max_abs_diff: float | None = None, timing: dict | None = None,
+                   experiment: str | None = None, ruled_out=(), phase: str = "replay") -> dict:
+    """A diagnosis dict with every key of `parity bisect --json`, plus `experiment` and `ruled_out`.
+
+    `owner` is the audit's name, `replay` the 1-based replay of that graph at
+    which the audit found the problem (reported as `step` and `forward_index`),
+    `replays` how many extra replays and re-captures the experiments used.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown diagnosis kind {kind!r}")
+    return {"kind": kind, "buffers": list(buffers), "mode": "full", "owner": owner, "step": replay,
+            "phase": phase, "draft_step": None, "forward_index": replay, "rows": list(rows), "graph": graph,
+            "captured_address": captured_address, "live_address": live_address, "evidence": list(evidence),
+            "replays": replays, "max_abs_diff": max_abs_diff, "timing": timing, "experiment": experiment,
+            "ruled_out": list(ruled_out)}
+
+
+class GraphParityError(AssertionError):
+    """A graph replay that is not bitwise equal to its callable run eagerly, with the diagnosis.
+
+    `error.diagnosis` is the dict (see `make_diagnosis`); `error.kind` and
+    `error.buffers` are shortcuts to its first two keys.
+    """
+
+    def __init__(self, diagnosis: dict):
+        self.diagnosis = diagnosis
+        super().__init__(summary(diagnosis))
+
+    @property
+    def kind(self) -> str:
+        return self.diagnosis["kind"]
+
+    @property
+    def buffers(self) -> list[str]:
+        return self.diagnosis["buffers"]
+
+
+class GraphAuditWarning(UserWarning):
+    """A cheap check's suspicion that is not an error by itself (NOT_REFRESHED)."""
+
+
+def summary(d: dict) -> str:
+    """One line: 'KIND (buffers) in graph OWNER at replay N: first evidence'."""
+    named = f" ({', '.join(d['buffers'])})" if d.get("buffers") else ""
+    first = f": {d['evidence'][0]}" if d.get("evidence") else ""
+    return f"{d['kind']}{named} in graph {d.get('owner')!r} at replay {d.get('step')}{first}"

@@ -1,0 +1,177 @@
+"""One-variable experiments: change exactly one thing, replay, and see whether bitwise parity comes back.
+
+Every experiment starts from the state the audited replay started from (the
+`Lab` restores it), makes its one change, replays, compares with the eager
+shadow run's result, and undoes its change:
+- copy: copy the live tensor a moved role reaches into the captured tensor the
+  graph reads, replay the same graph. Restores parity when that buffer was
+  stale (its storage is still the engine's persistent buffer) or reassigned
+  (nothing reaches its storage any more).
+- host: re-capture the callable with every host value as it was at capture
+  except one at its live value, replay the new graph. A control re-capture
+  with all of them as captured must still differ, or host values cannot be
+  the cause (then a re-capture restoring parity means the graph baked some
+  other capture-time context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from parity.audit.cheap import Rebind, moved_names
+from parity.audit.roles import MISSING, Path, assign, resolve
+from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
+
+MAX_HOST_CANDIDATES = 16
+
+
+@dataclass
+class Experiment:
+    kind: str
+    description: str
+    buffers: list[str]
+    restores: bool
+    captured_address: int | None = None
+    live_address: int | None = None
+    evidence: list[str] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    max_abs_diff: float | None = None
+
+
+class Lab:
+    """A checked replay's workbench: the pre-replay state, the eager reference, the graph."""
+
+    def __init__(self, audit, roots: dict, args: tuple, kwargs: dict, pre: Snapshot, eager: Result):
+        self.audit = audit
+        self.record = audit.record
+        self.roots = roots
+        self.args, self.kwargs = args, kwargs
+        self.pre = pre
+        self.eager = eager
+        self.replays = 0
+        self.layouts = self.record.layouts
+
+    def run(self, replay, outputs) -> Result:
+        """Replay from the pre-replay state; the result over the storages the eager run wrote."""
+        self.pre.restore()
+        replay()
+        self.replays += 1
+        writes = {ptr: self.pre.saved[ptr][0].clone() for ptr in self.eager.writes}
+        return Result(clone_outputs(outputs), writes)
+
+    def matches(self, result: Result) -> bool:
+        return compare(result, self.eager, self.record.output_names, layouts=self.layouts) is None
+
+
+def _replay_with_copy(lab: Lab, captured, live) -> bool:
+    if bit_equal(captured, live):
+        return False     # NOTE: copying equal values changes nothing: ruled out without a replay
+    keep = Snapshot([captured])
+
+    def replay():
+        captured.copy_(live)
+        lab.audit._raw_replay()
+    try:
+        return lab.matches(lab.run(replay, lab.record.outputs))
+    finally:
+        keep.restore()
+
+
+def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment | None:
+    """Copy the live value of one moved role into the captured tensor and replay; None when shapes differ."""
+    role, captured, live = rebind.role, rebind.role.tensor, rebind.live_tensor
+    if live is None or tuple(live.shape) != tuple(captured.shape) or live.dtype != captured.dtype:
+        return None
+    lab.pre.restore()
+    equal = bit_equal(captured, live)
+    restores = _replay_with_copy(lab, captured, live)
+    suffix = " (already equal: ruled out without a replay)" if equal else ""
+    if rebind.owned:
+        keeper = rebind.keeper
+        return Experiment(
+            "STALE_BUFFER", f"copy the live {role.name} (0x{live.data_ptr():x}) into the captured buffer "
+            f"{keeper.name} (0x{role.address:x}) and replay{suffix}", [keeper.name], restores, role.address,
+            live.data_ptr(), [f"the graph reads {keeper.name} at 0x{role.address:x}; the eager run reads "
+                              f"{role.name} at 0x{live.data_ptr():x}, with other values: {keeper.name} "
+                              "was not refreshed before the replay"])
+    return Experiment(
+        "BUFFER_REASSIGNED", f"copy the live {role.name} (0x{live.data_ptr():x}) into the captured storage "
+        f"(0x{role.address:x}) and replay{suffix}", moved_names(found, role.storage), restores, role.address,
+        live.data_ptr(),
+        [rebind.describe() + ": it was rebound to a new tensor; nothing but the graph reads the captured one"])
+
+
+def group_copy_experiment(lab: Lab, rebinds: list[Rebind]) -> Experiment | None:
+    """All copies at once: the fallback when no single one restores parity."""
+    usable = [r for r in rebinds if r.live_tensor is not None and r.live_tensor.shape == r.role.tensor.shape
+              and r.live_tensor.dtype == r.role.tensor.dtype]
+    if len(usable) < 2:
+        return None
+    keep = Snapshot([r.role.tensor for r in usable])
+
+    def replay():
+        for r in usable:
+            r.role.tensor.copy_(r.live_tensor)
+        lab.audit._raw_replay()
+    try:
+        restores = lab.matches(lab.run(replay, lab.record.outputs))
+    finally:
+        keep.restore()
+    kind = "BUFFER_REASSIGNED" if any(not r.owned for r in usable) else "STALE_BUFFER"
+    names = sorted({(r.keeper or r.role).name for r in usable})
+    return Experiment(kind, f"copy the live values of all {len(usable)} moved roles into the captured buffers and "
+                      "replay", names, restores)
+
+
+def host_candidates(lab: Lab) -> list[tuple[Path, object, object]]:
+    """(path, captured, live) for host values that changed since capture, shortest paths first."""
+    found, places = [], set()
+    for path, captured in sorted(lab.record.host.items(), key=lambda item: (item[0].depth(), str(item[0]))):
+        live = resolve(path, lab.roots)
+        if live is MISSING or type(live) is not type(captured) or live == captured:
+            continue
+        # NOTE: one attribute reached by two paths is one host value.
+        place = (id(resolve(Path(path.root, path.steps[:-1]), lab.roots)), path.steps[-1] if path.steps else None)
+        if place not in places:
+            places.add(place)
+            found.append((path, captured, live))
+    return found[:MAX_HOST_CANDIDATES]
+
+
+def recapture(lab: Lab, overrides: dict[Path, object]) -> Result:
+    """Re-capture the callable with `overrides` applied to the live objects, replay it, undo the overrides."""
+    args, kwargs = list(lab.args), dict(lab.kwargs)
+    roots = {**lab.roots, "args": args, "kwargs": kwargs}
+    undo = []
+    for path, value in overrides.items():
+        old = resolve(path, roots)
+        if assign(path, roots, value):
+            undo.append((path, old))
+    try:
+        lab.pre.restore()
+        graph, outputs = lab.audit.backend.recapture(lab.record.fn, tuple(args), kwargs)
+    finally:
+        for path, old in reversed(undo):
+            assign(path, roots, old)
+    tensors = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
+    return lab.run(graph.replay, tensors)
+
+
+def host_experiments(lab: Lab, candidates) -> tuple[Experiment, list[Experiment]]:
+    """The control re-capture, then one re-capture per host value changed to its live value alone."""
+    captured = {path: value for path, value, _ in candidates}
+    control = Experiment("CAPTURE_CONTEXT", "re-capture with every host value as captured (control) and replay",
+                         [], lab.matches(recapture(lab, captured)))
+    if control.restores or not candidates:
+        return control, []
+    singles = []
+    for path, was, now in candidates:
+        overrides = {p: v for p, v in captured.items() if p != path}
+        singles.append(Experiment(
+            "FROZEN_AT_CAPTURE", f"re-capture with only {path} at its live value ({now!r}; captured {was!r}) "
+            "and replay", [str(path)], lab.matches(recapture(lab, overrides)),
+            evidence=[f"{path}: captured {was!r}, live {now!r}: the graph replays the captured value"]))
+    return control, singles

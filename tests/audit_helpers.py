@@ -1,0 +1,55 @@
+"""Shared by the parity.audit tests (CPU and GPU): the second engine's workload and the expected diagnoses.
+
+The tests never tell the audit where to look: the engine is built and run
+inside `auto_audit`, which finds each captured callable on its own; the only
+configuration is what a user would declare once per engine (the real rows of
+a padded batch, the persistent buffers, names for the outputs).
+"""
+
+from __future__ import annotations
+
+import random
+
+from parity.audit.auto import auto_audit
+from tests.second_engine import SpecEngine
+
+# (kind, a word of the tensor role, the graph it must be found in) per planted bug.
+EXPECTED = {
+    "stale": ("STALE_BUFFER", "positions", "draft_forward"),
+    "reassigned": ("BUFFER_REASSIGNED", "rows", "draft_forward"),
+    "frozen": ("FROZEN_AT_CAPTURE", "draft_step", "draft_forward"),
+    "padding": ("PADDING_LEAK", "hidden", "draft_forward"),
+    "pool_alias": ("POOL_ALIAS", "logits", "verify_forward"),
+}
+OUTPUT_NAMES = {"verify_forward": ("logits", "hidden"), "draft_forward": ("token", "draft_hidden", "logprobs")}
+
+
+def workload(seed: int = 0, vocab: int = 494) -> tuple[list[list[int]], list[int]]:
+    """Three prompts whose requests finish at different steps: batches of 3, 2 and 1 (padded to 4, 2, 1)."""
+    rnd = random.Random(seed)
+    prompts = [[rnd.randrange(3, vocab) for _ in range(rnd.randint(4, 10))] for _ in range(3)]
+    return prompts, [14, 8, 4]
+
+
+def configure(fn, args) -> dict:
+    """What an engine developer declares once: real rows, persistent buffers, output names."""
+    engine = fn.__self__
+    return {"num_valid": lambda: engine.num_valid, "static_inputs": engine.persistent_buffers(),
+            "output_names": OUTPUT_NAMES[fn.__name__]}
+
+
+def audited_run(pair, bugs=(), every: int = 1, on_mismatch: str = "record", max_new=None, **engine_options):
+    """(session, engine, requests): the engine built and run under the auto-audit."""
+    target, eagle = pair
+    prompts, default_max_new = workload()
+    max_new = max_new or default_max_new
+    with auto_audit(every=every, on_mismatch=on_mismatch, configure=configure) as session:
+        engine = SpecEngine(target, eagle, bugs=bugs, **engine_options)
+        requests = engine.generate(prompts, max_new)
+    return session, engine, requests
+
+
+def matching(session, kind: str, role: str, graph: str) -> list[dict]:
+    """Diagnoses of `kind` naming a buffer containing `role`, in a graph whose name contains `graph`."""
+    return [e.diagnosis for e in session.errors
+            if e.kind == kind and graph in e.diagnosis["owner"] and any(role in b for b in e.buffers)]
