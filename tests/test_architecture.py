@@ -13,6 +13,7 @@ are the folders under parity/; the rules say which rooms each may import:
     harness    -> harness, engine, graphs, models, analysis, diagnose, importers
     faults     -> faults, engine, graphs, analysis
     training   -> training, models, engine
+    audit      -> audit, graphs             (the public API for other engines' graphs)
     commands   -> anything
 and only commands import faults or training. `errors` and the package itself
 (`parity.__version__`) are open to all.
@@ -45,6 +46,7 @@ ALLOWED = {
     "harness": {"harness", "engine", "graphs", "models", "analysis", "diagnose", "importers"},
     "faults": {"faults", "engine", "graphs", "analysis"},
     "training": {"training", "models", "engine"},
+    "audit": {"audit", "graphs"},
 }
 # Rooms that must read like the engine a user runs: no fault names, no `faults` anything.
 CLEAN_ROOMS = ("engine", "graphs", "models", "harness", "diagnose", "analysis")

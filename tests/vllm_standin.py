@@ -60,7 +60,7 @@ def set_forward_context(attn_metadata, batch_descriptor=None, cudagraph_runtime_
 def weak_ref_tensors(graphs, output):
     if graphs is emulated:
         return emulated.weak_ref_tensors(output)
-    from parity.audit.backends import non_owning
+    from parity.audit.aliases import non_owning
     return non_owning(output) if isinstance(output, torch.Tensor) else tuple(non_owning(t) for t in output)
 
 

@@ -12,22 +12,12 @@ from __future__ import annotations
 import torch
 
 from parity.audit import capture as capture_stack
+from parity.audit import emulated
 from parity.audit.trace import WriteLog
-from parity.graphs.cuda import non_owning as cuda_non_owning
 
 # Saved at import, before any patching: internal captures must never be audited themselves.
 _TORCH_GRAPH = getattr(torch.cuda, "CUDAGraph", None)
 _TORCH_GRAPH_CTX = getattr(torch.cuda, "graph", None)
-
-
-def non_owning(t: torch.Tensor) -> torch.Tensor:
-    """An alias of `t` that does not keep its memory allocated (what vLLM's weak_ref_tensors gives)."""
-    if t.is_cuda and t.is_contiguous():
-        return cuda_non_owning(t)
-    # NOTE: emulated pools free a block when the last tensor *object* they track dies; a
-    # set_() alias is a new object they do not track, so it keeps no block busy.
-    alias = torch.empty(0, dtype=t.dtype, device=t.device)
-    return alias.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
 
 
 class CudaBackend:
@@ -61,8 +51,6 @@ class EmulatedBackend:
 
     def recapture(self, fn, args: tuple, kwargs: dict):
         """(graph, outputs): `fn` captured by the emulated stand-in into a fresh pool (capture leaves no trace)."""
-        from parity.audit import emulated
-
         graph = emulated.CUDAGraph()
         with capture_stack.internal(graph), torch.no_grad():
             with emulated.graph(graph, pool=emulated.graph_pool_handle()):

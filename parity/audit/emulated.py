@@ -25,7 +25,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from parity.audit import capture as capture_stack
-from parity.audit.backends import non_owning
+from parity.audit.aliases import non_owning
 from parity.audit.trace import WriteLog
 # NOTE: only the backend's begin/end/abort/new_pool are used, so a reorganisation of
 # parity.graphs behind that interface does not reach the audit.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_flatten
 
-from parity.audit.backends import non_owning
+from parity.audit.aliases import non_owning
 from parity.audit.roles import HOST_TYPES, Path, chain_of, roots_of, walk
 from parity.audit.trace import ReadSetTracer, byte_range, storage_ptr
 
