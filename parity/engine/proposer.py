@@ -83,7 +83,10 @@ class EagleProposer(Owner):
         for i, row in enumerate(rows):
             tokens, accepted = emitted[i]
             if row.is_prefill:
-                shifted += row.request.prompt[1:] + [tokens[0]]
+                prompt = row.request.prompt
+                # The token after the chunk: the next prompt token, or the one just sampled.
+                after = prompt[row.chunk_end] if row.partial else tokens[0]
+                shifted += prompt[row.chunk_start + 1:row.chunk_end] + [after]
                 sample_rows.append(starts[i + 1] - 1)
             else:
                 drafts = row.request.drafts

@@ -1,8 +1,11 @@
 """Requests and the scheduler that batches them step by step.
 
-Arrivals are staggered by engine step; at most `max_num_seqs` run at once;
-a prompt is prefilled whole in the step it is admitted (no chunking), so a
-prefill joins the running decodes in a mixed batch.
+Arrivals are staggered by engine step; at most `max_num_seqs` run at once.
+Each step first schedules every running decode (1+K tokens), then prefills in
+admission order within the token budget: a prompt longer than what is left of
+`max_num_batched_tokens` is prefilled in chunks over several steps (chunked
+prefill, as vLLM does), so prefills join the running decodes in mixed batches.
+Only the last prefill row of a batch can stop before the end of its prompt.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Request:
     draft_gaps: list[float] = field(default_factory=list)      # top-1 minus top-2 draft logprob
     draft_probs: object = None                        # [K, V] tensor when sampling
     blocks: list[int] = field(default_factory=list)
+    num_computed: int = 0                             # prompt tokens already prefilled
     finished: bool = False
     admitted: bool = False
 
@@ -40,21 +44,32 @@ class Request:
     def output(self) -> list[int]:
         return self.tokens[len(self.prompt):]
 
+    @property
+    def prefilled(self) -> bool:
+        return self.num_computed >= len(self.prompt)
+
 
 @dataclass
 class ScheduledRow:
     request: Request
     is_prefill: bool
+    chunk_start: int = 0          # prefill rows: the prompt positions [chunk_start, chunk_end) of this step
+    chunk_end: int = 0
 
     @property
     def query(self) -> list[int]:
         if self.is_prefill:
-            return list(self.request.prompt)
+            return list(self.request.prompt[self.chunk_start:self.chunk_end])
         return [self.request.tokens[-1]] + list(self.request.drafts)
 
     @property
     def first_position(self) -> int:
-        return 0 if self.is_prefill else len(self.request.tokens) - 1
+        return self.chunk_start if self.is_prefill else len(self.request.tokens) - 1
+
+    @property
+    def partial(self) -> bool:
+        """A prefill chunk that stops before the end of its prompt: nothing is sampled for it."""
+        return self.is_prefill and self.chunk_end < len(self.request.prompt)
 
 
 class Scheduler:
@@ -75,20 +90,28 @@ class Scheduler:
         return not self.waiting and not self.running
 
     def schedule(self, step: int) -> list[ScheduledRow]:
-        rows = [ScheduledRow(r, False) for r in self.running]
+        rows = [ScheduledRow(r, False) for r in self.running if r.prefilled]
         budget = self.max_num_batched_tokens - sum(len(r.query) for r in rows)
+        for req in self.running:
+            if not req.prefilled and budget > 0:
+                rows.append(self._chunk(req, budget))
+                budget -= len(rows[-1].query)
         while (self.waiting and self.waiting[0].arrival_step <= step
-               and len(self.running) < self.max_num_seqs
-               and len(self.waiting[0].prompt) <= budget):
+               and len(self.running) < self.max_num_seqs and budget > 0):
             req = self.waiting.pop(0)
             req.admitted = True
             self.running.append(req)
-            rows.append(ScheduledRow(req, True))
-            budget -= len(req.prompt)
+            rows.append(self._chunk(req, budget))
+            budget -= len(rows[-1].query)
         for row in rows:
             need = min(self.max_model_len, len(row.request.tokens) + self.positions_ahead)
             self.allocator.ensure(row.request.blocks, need)
         return rows
+
+    @staticmethod
+    def _chunk(req: Request, budget: int) -> ScheduledRow:
+        end = min(len(req.prompt), req.num_computed + budget)
+        return ScheduledRow(req, True, req.num_computed, end)
 
     def retire_finished(self) -> list[Request]:
         done = [r for r in self.running if r.finished]

@@ -1,8 +1,9 @@
 """Turn one verify forward's logits into the tokens each row emits.
 
 Decoding rows go through the rejection sampler (their K drafts against the
-target's K+1 distributions); prefill rows (and every row without drafts)
-sample one token from their last position. Eager, on the verify output.
+target's K+1 distributions); rows that complete a prefill (and every row
+without drafts) sample one token from their last position; a prefill chunk
+short of its prompt's end emits nothing. Eager, on the verify output.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ def emit(rows, plans, starts: list[int], logits: torch.Tensor, config: EngineCon
     """Per row: (emitted tokens, number of accepted drafts)."""
     out: list = [None] * len(rows)
     decode = [i for i, r in enumerate(rows) if not r.is_prefill and k > 0]
-    plain = [i for i, r in enumerate(rows) if i not in decode]
+    plain = [i for i, r in enumerate(rows) if i not in decode and not r.partial]
+    for i, row in enumerate(rows):
+        if row.partial:
+            out[i] = ([], 0)          # a prefill chunk short of the prompt's end samples nothing
     dev = logits.device
     if decode:
         idx = torch.tensor([starts[i] + j for i in decode for j in range(k + 1)], device=dev)

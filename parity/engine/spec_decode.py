@@ -58,9 +58,6 @@ def check_admissible(spec: RequestSpec, cfg: EngineConfig) -> None:
     k = cfg.num_speculative_tokens if cfg.spec_decode else 0
     if not spec.prompt:
         raise ParityInputError(f"request {spec.req_id}: empty prompt")
-    if len(spec.prompt) > cfg.max_num_batched_tokens:
-        raise ParityInputError(f"request {spec.req_id}: prompt of {len(spec.prompt)} tokens exceeds "
-                               f"max_num_batched_tokens {cfg.max_num_batched_tokens} and can never be scheduled")
     if len(spec.prompt) + k + 1 > cfg.max_model_len:
         raise ParityInputError(f"request {spec.req_id}: prompt of {len(spec.prompt)} tokens leaves no room "
                                f"for K={k} drafts within max_model_len {cfg.max_model_len}")
@@ -136,6 +133,9 @@ class SpecDecodeEngine:
         dispatch = target.executor.dispatch("verify", starts[-1], len(rows), uniform)
         meta = target.builder.build(plans, dispatch.num_tokens_padded, dispatch.num_reqs_padded)
         logits, features = yield from self._forward(step, target, dispatch, meta, None, records, len(rows))
+        for row in rows:
+            if row.is_prefill:
+                row.request.num_computed = row.chunk_end
         emitted = sampling.emit(rows, plans, starts, logits, self.config, k)
         verified = [(list(r.request.drafts), list(r.request.draft_logprobs), list(r.request.draft_gaps))
                     for r in rows]
@@ -152,19 +152,28 @@ class SpecDecodeEngine:
         self._finish(rows)
 
     def _draft(self, step, rows, plans, starts, emitted, features, records):
-        """Draft prefill over the verified tokens, then K-1 draft decode steps."""
-        proposer, n = self.proposer, len(rows)
+        """Draft prefill over the verified tokens, then K-1 draft decode steps.
+
+        A partial prefill chunk (always the batch's last row) goes through the draft
+        prefill, to fill the drafter's KV cache, but proposes nothing: the decode
+        steps run over the rows before it.
+        """
+        proposer = self.proposer
         dispatch, meta = proposer.prepare_prefill(rows, plans, starts, emitted, features)
-        yield from self._forward(step, proposer, dispatch, meta, 0, records, n)
+        yield from self._forward(step, proposer, dispatch, meta, 0, records, len(rows))
         for i, row in enumerate(rows):      # the new sequence's positions from here on
             row.request.tokens.extend(emitted[i][0])
+        drafting = [row for row in rows if not row.partial]
+        n = len(drafting)
+        if n == 0:
+            return
         if self.k > 1:
-            dispatch, meta = proposer.prepare_steps(rows)
+            dispatch, meta = proposer.prepare_steps(drafting)
             for j in range(1, self.k):
                 if j > 1:
                     proposer.advance(meta, dispatch)
                 yield from self._forward(step, proposer, dispatch, meta, j, records, n)
-        for row, (tokens, logprobs, gaps, probs) in zip(rows, proposer.read_drafts(n)):
+        for row, (tokens, logprobs, gaps, probs) in zip(drafting, proposer.read_drafts(n)):
             req = row.request
             req.drafts, req.draft_logprobs, req.draft_gaps, req.draft_probs = tokens, logprobs, gaps, probs
 

@@ -92,10 +92,6 @@ def request_specs(scenario: Scenario, tokenizer, config: EngineConfig) -> list[R
             raise ParityInputError(
                 f"{scenario.prompts_file}: prompt {prompt_id!r} has {len(ids)} tokens; max_model_len "
                 f"{config.max_model_len} leaves room for at most {limit - 1} with K={config.num_speculative_tokens}")
-        if len(ids) > config.max_num_batched_tokens:
-            raise ParityInputError(
-                f"{scenario.prompts_file}: prompt {prompt_id!r} has {len(ids)} tokens, more than "
-                f"max_num_batched_tokens {config.max_num_batched_tokens}")
         specs.append(RequestSpec(i, tuple(ids), scenario.max_tokens, scenario.arrivals[i]))
     return specs
 
