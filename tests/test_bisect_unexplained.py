@@ -1,4 +1,4 @@
-"""A drift no buffer and no capture explains is UNKNOWN with its localisation, never a guess."""
+"""A drift no one-variable experiment explains is UNEXPLAINED with its localisation, never a guess."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ def test_unexplained_drift_is_unknown_with_localisation(tmp_path, monkeypatch):
     write_run(out, outcome.summary, outcome.runs, extra_writers=RUN_REPORT_WRITERS)
     assert outcome.summary["modes"]["full"]["verdict"] == "drift"
     diagnosis = outcome.summary["diagnosis"]
-    assert diagnosis["kind"] == "UNKNOWN" and diagnosis["buffers"] == []
+    assert diagnosis["kind"] == "UNEXPLAINED" and diagnosis["buffers"] == []
     assert diagnosis["phase"] == "verify" and diagnosis["step"] is not None and diagnosis["owner"] == "target"
     assert any("inside the captured graph" in line for line in diagnosis["evidence"])
     saved = json.loads((out / "diagnosis.json").read_text())
-    assert saved["kind"] == "UNKNOWN" and "full" in saved["by_mode"]
+    assert saved["kind"] == "UNEXPLAINED" and "full" in saved["by_mode"]
 
 
 def test_a_tiny_kernel_difference_is_a_drift_not_noise(tmp_path, monkeypatch):
@@ -50,4 +50,4 @@ def test_a_tiny_kernel_difference_is_a_drift_not_noise(tmp_path, monkeypatch):
     assert full["verdict"] == "drift" and full["tokens_equal_to_eager"]
     assert not full["reference"]["bitwise_equal"]
     assert full["reference"]["first_difference"]["field"] in ("logprob", "target_logprob")
-    assert outcome.summary["diagnosis"]["kind"] == "UNKNOWN"
+    assert outcome.summary["diagnosis"]["kind"] == "UNEXPLAINED"

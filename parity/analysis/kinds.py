@@ -8,7 +8,7 @@ FROZEN_AT_CAPTURE = "FROZEN_AT_CAPTURE"
 PADDING_LEAK = "PADDING_LEAK"
 POOL_ALIAS = "POOL_ALIAS"
 CAPTURE_CONTEXT = "CAPTURE_CONTEXT"
-UNKNOWN = "UNKNOWN"
+UNEXPLAINED = "UNEXPLAINED"
 NONE = "NONE"
 
 EXPLAIN = {
@@ -18,7 +18,7 @@ EXPLAIN = {
     PADDING_LEAK: "padded entries were not made inert and leak into real rows",
     POOL_ALIAS: "drafter temporaries share a graph pool with live target outputs",
     CAPTURE_CONTEXT: "the graph was captured with other metadata than the one replay refreshes",
-    UNKNOWN: "localised, but no buffer or captured value explains it",
+    UNEXPLAINED: "localised, but no one-variable experiment restores parity (see what was ruled out)",
     NONE: "no divergence found",
 }
 # The classes a bug can be diagnosed as (the others say there is none, or that it is not explained).

@@ -17,7 +17,7 @@
    if that restores parity the graph baked something at capture, either whole
    metadata tensors (capture context) or Python values (frozen at capture),
    delta-debugged field by field.
-4. Otherwise layer probes (`probes.py`), then UNKNOWN with the localisation
+4. Otherwise layer probes (`probes.py`), then UNEXPLAINED with the localisation
    found. Never a guess.
 
 The bisector sees only engines and their graphs: it never reads which bugs

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from parity.analysis.kinds import NONE, UNKNOWN
-from parity.diagnose import audit, padding, pool, recapture
+from parity.analysis.kinds import NONE, UNEXPLAINED
+from parity.diagnose import experiments, padding, pool, readset, recapture
+from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
 from parity.graphs.factory import install_graphs, install_padded_reference
@@ -62,7 +63,7 @@ class Bisector:
         overwritten_by = None
         for ev_r, ev_g in zip(ref.events(self.specs), graph.events(self.specs)):
             if (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase, ev_g.draft_step):
-                return self.diagnosis(UNKNOWN, [], ev_g, evidence=[
+                return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
                     "the two runs' schedules parted without a forward's outputs differing first"])
             if ev_g.kind == "pre":
                 snaps = {"ref": snapshot(ref, ev_r.meta), "graph": snapshot(graph, ev_g.meta)}
@@ -92,19 +93,20 @@ class Bisector:
         dispatch = ev_g.dispatch
         where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}
         if dispatch.runtime_mode == EAGER:
-            return self.diagnosis(UNKNOWN, [], ev_g, evidence=[
+            return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
                 f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
                 "state left by an earlier graph replay, not a buffer read by this one"], **where)
         executor = executor_of(graph, ev_g.owner)
         entry = executor.entry(dispatch)
         where["graph_info"] = {"runtime_mode": dispatch.runtime_mode, "num_tokens": dispatch.num_tokens_padded,
                           "num_reqs": dispatch.num_reqs_padded, "manifest": [e.as_dict() for e in entry.manifest]}
-        suspects = audit.find_suspects(ref, graph, ev_r, ev_g, snaps, entry)
-        culprits = audit.confirm(self, graph, ev_g, snaps, out_r, suspects)
+        reads = readset.reference_reads(self, ref, ev_r, snaps["ref"])
+        repairs = experiments.candidates(ref, graph, ev_r, ev_g, snaps, entry, set(reads))
+        culprits, others = experiments.confirm(self, graph, ev_g, snaps, out_r, repairs)
         if culprits:
-            return audit.explain(self, graph, ev_g, culprits, entry, **where)
-        return recapture.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, suspects, worst,
-                                  **where)
+            return explain(self, graph, ev_g, culprits, others, repairs, **where)
+        ruled_out = [r.experiment for r in repairs] or ["no tensor the reference reads differs from what the graph read"]
+        return recapture.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ruled_out, **where)
 
     # --- what the stages share ------------------------------------------------------------
 
@@ -118,11 +120,12 @@ class Bisector:
         return worst <= self.tol
 
     def diagnosis(self, kind, buffers, event, rows=(), graph_info=None, max_abs_diff=None, captured=None,
-                  live=None, evidence=()) -> Diagnosis:
+                  live=None, evidence=(), experiment=None, ruled_out=(), also=()) -> Diagnosis:
         return Diagnosis(kind, list(buffers), self.mode, owner=event.owner, step=event.step, phase=event.phase,
                          draft_step=event.draft_step, forward_index=event.index, rows=list(rows), graph=graph_info,
                          captured_address=captured, live_address=live, evidence=list(evidence),
-                         replays=self.replays, max_abs_diff=max_abs_diff)
+                         replays=self.replays, max_abs_diff=max_abs_diff, experiment=experiment,
+                         ruled_out=list(ruled_out), also=list(also))
 
 
 class PaddingBisector(Bisector):

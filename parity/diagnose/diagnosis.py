@@ -24,6 +24,9 @@ class Diagnosis:
     replays: int = 0
     max_abs_diff: float | None = None
     timing: dict | None = None
+    experiment: str | None = None      # the one-variable experiment that restored bitwise parity
+    ruled_out: list[str] = field(default_factory=list)   # experiments that did not
+    also: list[str] = field(default_factory=list)        # less specific experiments that restored it too
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

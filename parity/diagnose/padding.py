@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from parity.analysis.kinds import PADDING_LEAK, UNKNOWN
+from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
 from parity.diagnose.state import forward_fn, max_diff, outputs, restore
 from parity.engine.buffers import FREE, poison_padding
@@ -103,7 +103,7 @@ def diagnose(bisector, clean, poisoned, ev_c, ev_p, snaps, out_c, **where):
         evidence.append(f"poisoning the padded entries of {', '.join(leaking)} alone changes real outputs")
         return bisector.diagnosis(PADDING_LEAK, leaking, ev_p, evidence=evidence, **where)
     evidence.append("no padded entry alone and no contract repair explains it")
-    return bisector.diagnosis(UNKNOWN, [], ev_p, evidence=evidence, **where)
+    return bisector.diagnosis(UNEXPLAINED, [], ev_p, evidence=evidence, **where)
 
 
 def _run_repaired(bisector, engine, event, snap, subset) -> tuple:

@@ -26,6 +26,7 @@ class GraphEntry:
     num_tokens: int
     num_reqs: int
     captured_with: dict     # the Python values of the capture-time metadata
+    capture_meta: object = None    # the capture-time metadata object itself (its tensors are what the graph read)
 
 
 class GraphExecutor:
@@ -75,8 +76,8 @@ class GraphExecutor:
                                     weak_outputs=self.weak_outputs)
             finally:
                 restore(saved)
-            manifest = build_manifest(graph.read_storages, self.registries)
-            self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta))
+            manifest = build_manifest(graph.read_storages, self.registries, meta)
+            self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta), meta)
             count += 1
         return count
 

@@ -1,12 +1,16 @@
-"""The capture manifest: per graph, every named persistent buffer it reads.
+"""The capture manifest: per graph, every named tensor it reads, with who held it at capture.
 
-Recorded at capture (name, storage address, shape, dtype). `audit` compares it
-with the live buffer registry: a different address means the buffer was
-reassigned behind the graph's back.
+Recorded at capture (name, storage address, shape, dtype, holder): the
+registered persistent buffers it touched ("registry"), and the tensors of the
+capture-time metadata object it touched that no registry owns ("metadata": a
+placeholder, or a tensor a builder made for that one batch). `audit` compares
+the registry entries with the live registry: a different address means the
+buffer was reassigned behind the graph's back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 
@@ -18,10 +22,11 @@ class ManifestEntry:
     shape: tuple[int, ...]
     dtype: str
     tensor: object = field(default=None, repr=False, compare=False)   # the captured tensor itself
+    holder: str = "registry"         # "registry", or "metadata" for a tensor only the metadata object held
 
     def as_dict(self) -> dict:
         return {"owner": self.owner, "name": self.name, "address": self.address, "shape": list(self.shape),
-                "dtype": self.dtype}
+                "dtype": self.dtype, "holder": self.holder}
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,32 @@ class AuditFinding:
         return asdict(self)
 
 
-def build_manifest(read_storages: set[int], registries) -> tuple[ManifestEntry, ...]:
-    """Entries for every registered buffer whose storage the graph touched."""
-    entries = []
+def build_manifest(read_storages: set[int], registries, meta=None) -> tuple[ManifestEntry, ...]:
+    """Entries for every registered buffer, and every tensor of `meta` no registry owns, the graph touched."""
+    entries, owned = [], set()
     for registry in registries:
         for name, tensor in registry.items():
+            owned.add(tensor.untyped_storage().data_ptr())
             if tensor.untyped_storage().data_ptr() in read_storages:
-                entries.append(ManifestEntry(registry.owner, name, tensor.data_ptr(), tuple(tensor.shape),
-                                             str(tensor.dtype).replace("torch.", ""), tensor))
+                entries.append(_entry(registry.owner, name, tensor, "registry"))
+    owner = registries[0].owner if registries else ""
+    for name, tensor in _tensor_fields(meta):
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in read_storages and storage not in owned:
+            entries.append(_entry(owner, name, tensor, "metadata"))
     return tuple(entries)
+
+
+def _entry(owner: str, name: str, tensor, holder: str) -> ManifestEntry:
+    return ManifestEntry(owner, name, tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""),
+                         tensor, holder)
+
+
+def _tensor_fields(meta) -> list:
+    if meta is None or not dataclasses.is_dataclass(meta):
+        return []
+    fields = [(f.name, getattr(meta, f.name)) for f in dataclasses.fields(meta)]
+    return [(name, value) for name, value in fields if hasattr(value, "untyped_storage")]
 
 
 def audit(manifest, registries) -> list[AuditFinding]:
@@ -51,6 +73,8 @@ def audit(manifest, registries) -> list[AuditFinding]:
     live = {(r.owner, name): t for r in registries for name, t in r.items()}
     findings = []
     for entry in manifest:
+        if entry.holder != "registry":
+            continue
         tensor = live.get((entry.owner, entry.name))
         if tensor is not None and tensor.data_ptr() != entry.address:
             findings.append(AuditFinding(entry.owner, entry.name, entry.address, tensor.data_ptr()))

@@ -7,7 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from parity.analysis.kinds import EXPLAIN, NONE, UNKNOWN
+from parity.analysis.kinds import EXPLAIN, NONE, UNEXPLAINED
 
 
 def describe_where(d: dict) -> str:
@@ -21,8 +21,8 @@ def describe_where(d: dict) -> str:
 
 
 def diagnosis_panel(d: dict) -> Panel:
-    kind = d.get("kind", UNKNOWN)
-    style = "green" if kind == NONE else ("yellow" if kind == UNKNOWN else "red")
+    kind = d.get("kind", UNEXPLAINED)
+    style = "green" if kind == NONE else ("yellow" if kind == UNEXPLAINED else "red")
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold")
     grid.add_column()
@@ -36,14 +36,20 @@ def diagnosis_panel(d: dict) -> Panel:
         grid.add_row("where", describe_where(d))
     if d.get("rows"):
         grid.add_row("rows", ", ".join(map(str, d["rows"][:12])))
-    if d.get("captured_address") is not None:
-        grid.add_row("address", f"captured 0x{d['captured_address']:x}, live 0x{(d.get('live_address') or 0):x}")
+    if d.get("captured_address") is not None and d.get("live_address") not in (None, d["captured_address"]):
+        grid.add_row("address", f"captured 0x{d['captured_address']:x}, live 0x{d['live_address']:x}")
     graph = d.get("graph") or {}
     if graph:
         grid.add_row("graph", f"{graph.get('runtime_mode')} · {graph.get('num_tokens')} tokens · "
                               f"{graph.get('num_reqs')} rows")
+    if d.get("experiment"):
+        grid.add_row("isolated", d["experiment"])
+    for i, line in enumerate(d.get("also") or []):
+        grid.add_row("also" if i == 0 else "", line)
     for i, line in enumerate(d.get("evidence") or []):
         grid.add_row("evidence" if i == 0 else "", line)
+    for i, line in enumerate(d.get("ruled_out") or []):
+        grid.add_row("ruled out" if i == 0 else "", line)
     grid.add_row("replays", str(d.get("replays", 0)))
     return Panel(grid, title="diagnosis", title_align="left", border_style=style)
 

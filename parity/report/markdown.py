@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.report.atomic import write_text
-from parity.analysis.kinds import EXPLAIN, UNKNOWN
+from parity.analysis.kinds import EXPLAIN, UNEXPLAINED
 from parity.report.diagnosis import describe_where
 from parity.report.threeway import flips_cell, logprob_cell, numerics_lines, reference_cell
 
@@ -117,7 +117,7 @@ def diagnosis_section(summary: dict) -> list[str]:
     d = summary.get("diagnosis")
     if not d:
         return []
-    kind = d.get("kind", UNKNOWN)
+    kind = d.get("kind", UNEXPLAINED)
     lines = ["### Diagnosis", "", f"- kind: **{kind}** — {EXPLAIN.get(kind, '')}"]
     if d.get("mode"):
         lines.append(f"- mode: {code_span(d['mode'])}")
@@ -125,12 +125,14 @@ def diagnosis_section(summary: dict) -> list[str]:
         lines.append("- buffers: " + ", ".join(code_span(b) for b in d["buffers"]))
     if d.get("phase"):
         lines.append(f"- where: {describe_where(d)}")
-    if d.get("captured_address") is not None:
-        lines.append(f"- address: captured 0x{d['captured_address']:x}, live 0x{(d.get('live_address') or 0):x}")
-    evidence = d.get("evidence") or []
-    if evidence:
-        lines.append("- evidence:")
-        lines += [f"  - {e}" for e in evidence]
+    if d.get("captured_address") is not None and d.get("live_address") not in (None, d["captured_address"]):
+        lines.append(f"- address: captured 0x{d['captured_address']:x}, live 0x{d['live_address']:x}")
+    if d.get("experiment"):
+        lines.append(f"- isolated by: {d['experiment']}")
+    for title, key in (("also restoring parity", "also"), ("evidence", "evidence"), ("ruled out", "ruled_out")):
+        if d.get(key):
+            lines.append(f"- {title}:")
+            lines += [f"  - {e}" for e in d[key]]
     lines.append(f"- replays: {d.get('replays', 0)}")
     return lines
 

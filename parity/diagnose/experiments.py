@@ -1,0 +1,164 @@
+"""One-variable experiments on a divergent graph forward: each repairs one tensor the graph read, and replays.
+
+Candidates come from the capture manifest (every registered buffer the graph
+read, and every tensor only the capture-time metadata object held), narrowed
+to the roles the reference forward really reads (`readset.py`). Per role, the
+experiment that fits what the addresses say:
+
+- redirect (the live holder now points elsewhere): copy the live tensor's values
+  into the captured address.
+  - registry rebound: BUFFER_REASSIGNED (who: registry);
+  - the graph read a tensor only the capture-time metadata held, and the live
+    metadata holds the persistent buffer: CAPTURE_CONTEXT;
+  - the graph read a tensor only the capture-time metadata held, and the live
+    metadata holds another fresh tensor (a builder that reallocates):
+    BUFFER_REASSIGNED (who: metadata object);
+- refresh (the captured tensor is still the live persistent buffer): copy the
+  reference's values in: STALE_BUFFER (when the metadata object holds the new
+  values in a fresh tensor, that is named as the reason they never arrived);
+- inert padding (a padded entry of the padding contract off its pad value):
+  PADDING_LEAK.
+
+Every repair is tried alone (one variable); when none restores bitwise parity
+alone, all together and then delta debugging find the smallest set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from parity.analysis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
+from parity.diagnose.delta_debug import ddmin
+from parity.diagnose.state import executor_of, forward_fn, registry_of, restore
+
+# The most specific first: a repair that names where the live values went beats one that only refreshes.
+SPECIFICITY = (BUFFER_REASSIGNED, CAPTURE_CONTEXT, STALE_BUFFER, PADDING_LEAK)
+INDEX_ORDER = ("token", "row", "row+1")
+
+
+@dataclass
+class Repair:
+    kind: str
+    name: str                  # the role: a buffer name, or a metadata field
+    holder: str                # "registry" or "metadata object"
+    experiment: str            # what the repair does, in words
+    tensor: torch.Tensor       # the captured tensor it writes
+    region: slice
+    value: torch.Tensor
+    captured: int | None = None
+    live: int | None = None
+    note: str = ""
+
+
+def _spec(registry, name):
+    return registry.spec(name) if name in registry else None
+
+
+def candidates(ref, graph, ev_r, ev_g, snaps, entry, read_by_reference: set[str]) -> list[Repair]:
+    """Every repair the addresses and values at this forward suggest, most specific kind per role."""
+    registry = registry_of(graph, ev_g.owner)
+    ref_registry = registry_of(ref, ev_r.owner)
+    graph_state = dict(zip([id(t) for t in snaps["graph"]["live"]], snaps["graph"]["saved"]))
+    ref_state = dict(zip([id(t) for t in snaps["ref"]["live"]], snaps["ref"]["saved"]))
+
+    def reference_value(name):
+        if name in snaps["ref"]["meta"]:
+            return snaps["ref"]["meta"][name]
+        live = ref_registry[name]
+        return ref_state.get(id(live), live)
+
+    found = []
+    d = ev_g.dispatch
+    for e in entry.manifest:
+        if e.name not in read_by_reference or _spec(registry, e.name) is None:
+            continue
+        region = registry.spec(e.name).used(d.num_tokens, d.num_reqs)
+        before = graph_state.get(id(e.tensor), e.tensor)
+        live_registry = registry[e.name]
+        live_meta = getattr(ev_g.meta, e.name, None)
+        if region.stop is not None and min(before.shape[0], reference_value(e.name).shape[0]) < region.stop:
+            continue
+        repair = _repair_for(e, region, before, live_registry, live_meta, reference_value(e.name), graph_state)
+        if repair is not None:
+            found.append(repair)
+    return found + _padding_repairs(registry, ev_g, graph_state)
+
+
+def _repair_for(e, region, before, live_registry, live_meta, reference, graph_state) -> Repair | None:
+    captured = e.address
+    if e.holder == "registry" and live_registry.data_ptr() != captured:
+        live = graph_state.get(id(live_registry), live_registry)
+        return Repair(BUFFER_REASSIGNED, e.name, "registry", f"redirect {e.name} to the registry's live tensor",
+                      e.tensor, region, live[region], captured, live_registry.data_ptr(),
+                      "the registry rebound it to a new tensor")
+    if e.holder == "metadata" and live_meta is not None and live_meta.data_ptr() != captured:
+        kind, who = ((CAPTURE_CONTEXT, "metadata object")
+                     if live_meta.untyped_storage().data_ptr() == live_registry.untyped_storage().data_ptr()
+                     else (BUFFER_REASSIGNED, "metadata object"))
+        note = ("the graph was captured reading a tensor of the capture-time metadata, not the persistent buffer"
+                if kind == CAPTURE_CONTEXT else "the metadata object gets a new tensor for every batch")
+        return Repair(kind, e.name, who, f"redirect {e.name} to the live metadata's tensor", e.tensor, region,
+                      live_meta[region], captured, live_meta.data_ptr(), note)
+    if before[region].shape != reference[region].shape or torch.equal(before[region], reference[region]):
+        return None
+    note = ""
+    if live_meta is not None and live_meta.untyped_storage().data_ptr() != e.tensor.untyped_storage().data_ptr():
+        note = (f"the metadata object's {e.name} was rebound to a fresh tensor at {live_meta.data_ptr():#x}: "
+                "the new values never reached the persistent buffer")
+    return Repair(STALE_BUFFER, e.name, e.holder, f"refresh {e.name} with the reference's values", e.tensor,
+                  region, reference[region], captured, captured, note)
+
+
+def _padding_repairs(registry, ev_g, graph_state) -> list[Repair]:
+    d = ev_g.dispatch
+    names = sorted((n for n in registry.names() if registry.spec(n).inert),
+                   key=lambda n: INDEX_ORDER.index(registry.spec(n).index))
+    found = []
+    for name in names:
+        spec = registry.spec(name)
+        region = spec.padded(d)
+        if region.stop <= region.start:
+            continue
+        inert = spec.inert_value(d.num_tokens)
+        held = (registry[name], getattr(ev_g.meta, name, None))
+        for tensor in {t.data_ptr(): t for t in held if t is not None}.values():
+            before = graph_state.get(id(tensor), tensor)
+            if before.dim() and (before[region] != inert).any():
+                found.append(Repair(PADDING_LEAK, name, "registry", f"set the padded entries of {name} inert",
+                                    tensor, region, torch.full_like(before[region], inert)))
+    return found
+
+
+def confirm(bisector, graph, ev_g, snaps, out_r, repairs: list[Repair]) -> tuple[list[Repair], list[Repair]]:
+    """(culprits, others that alone also restore parity); ([], []) when nothing restores it.
+
+    The capture context is one variable: every read the graph took from the
+    capture-time metadata object is redirected together, as one experiment.
+    """
+    executor = executor_of(graph, ev_g.owner)
+    fn = forward_fn(graph, ev_g.owner, ev_g.phase)
+    # NOTE: a repair may write a tensor outside the engine's snapshot (a capture-time
+    # placeholder): its region is saved here and put back before every experiment.
+    originals = [(r.tensor, r.region, r.tensor[r.region].clone()) for r in repairs]
+    context = [r for r in repairs if r.kind == CAPTURE_CONTEXT]
+    units = [[r] for r in repairs if r.kind != CAPTURE_CONTEXT] + ([context] if context else [])
+
+    def replay_with(chosen) -> bool:
+        restore(snaps["graph"])
+        for tensor, region, value in originals:
+            tensor[region].copy_(value)
+        for unit in chosen:
+            for r in unit:
+                r.tensor[r.region].copy_(r.value)
+        return bisector.replay_matches(graph, ev_g, executor, fn, out_r)
+
+    if not units or not replay_with(units):
+        return [], []
+    if len(units) == 1:
+        return units[0], []
+    alone = [u for u in sorted(units, key=lambda u: SPECIFICITY.index(u[0].kind)) if replay_with([u])]
+    if alone:
+        return alone[0], [r for u in alone[1:] for r in u]
+    return [r for u in ddmin(units, replay_with) for r in u], []
