@@ -8,6 +8,7 @@ from pathlib import Path
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, console, engine_parts, requested_modes
 from parity.errors import ParityInputError
 from parity.harness.gate import GateRequest, check_output_path, run_gate
+from parity.models.zoo import check_model_paths
 from parity.report.artifacts import write_run
 from parity.report.atomic import write_json, write_text
 from parity.report.gate import render_gate, render_gate_markdown
@@ -34,6 +35,7 @@ def register(sub) -> None:
 
 def main(args) -> int:
     """Run (or import) every mode, compare with eager and the baseline; exit 0 pass, 1 drift, 2 bad input."""
+    check_model_paths(args.model, args.target_path, args.draft_path)
     check_output_path(args.junit, "--junit")
     check_output_path(args.markdown, "--markdown")
     if args.num_drafts is not None and args.num_drafts < 1:

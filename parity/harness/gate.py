@@ -27,7 +27,8 @@ from parity.engine.parts import EngineParts
 from parity.errors import ParityInputError
 from parity.graphs.policy import CapturePolicy
 from parity.harness.modes import run_modes
-from parity.harness.request import load_request_pair, load_request_scenario, resolve_backend, resolve_modes
+from parity.harness.request import (checkpoint_paths, load_request_pair, load_request_scenario, resolve_backend,
+                                    resolve_modes)
 from parity.harness.session import check_padding
 from parity.harness.scenario import load_scenario
 from parity.importers.vllm import load_vllm
@@ -157,7 +158,8 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
         else:
             report["baseline_note"] = f"baseline NOT written ({baseline_path}): the run drifts from eager"
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
-                            device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer)
+                            device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
+                            **checkpoint_paths(pair))
     summary["gate"] = report
     return GateOutcome(report, summary, runs, to_write)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -69,3 +70,10 @@ def load_request_pair(request, device: torch.device):
     entry = get_entry(request.model)
     return load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
                      dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device)
+
+
+def checkpoint_paths(pair) -> dict:
+    """`target_path` and `draft_path` of a pair given by path, for the summary; None for embedded pairs."""
+    if pair.entry.embedded:
+        return {"target_path": None, "draft_path": None}
+    return {"target_path": str(Path(pair.target_dir).resolve()), "draft_path": str(Path(pair.draft_dir).resolve())}

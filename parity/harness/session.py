@@ -17,8 +17,8 @@ from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
 from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
-from parity.harness.request import (RunRequest, load_request_pair, load_request_scenario, resolve_backend,
-                                    resolve_modes)
+from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
+                                    resolve_backend, resolve_modes)
 from parity.harness.scenario import Scenario
 
 
@@ -48,6 +48,7 @@ def run_session(request: RunRequest, progress=None) -> RunOutcome:
     first = next(iter(diagnoses.values()), None)
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
                             device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
+                            **checkpoint_paths(pair),
                             diagnosis=first)
     summary["diagnoses"] = diagnoses
     return RunOutcome(summary, runs, scenario)
