@@ -12,7 +12,8 @@ from parity.faults.catalog import resolve_faults
 from parity.faults.mutations import apply
 from parity.harness.request import RunRequest
 
-EXIT_PASS, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
+EXIT_PASS, EXIT_DRIFT, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143      # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
 DEFAULT_SCENARIO = "scenarios/default.yaml"
 
 
