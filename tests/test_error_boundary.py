@@ -129,3 +129,13 @@ def test_sigterm_to_a_real_parity_process_is_exit_143(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and one_line(err) and "terminated" in err, (proc.returncode, err)
     assert visible(tmp_path / "reports") == [] and hidden(tmp_path / "reports") == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "llama3-eagle"], "weights not found locally"),
+    (["--seed", "-1"], "--seed must be in 0..2**63-1"),
+    (["--seed", str(1 << 70)], "--seed must be in 0..2**63-1"),
+])
+def test_missing_weights_and_impossible_seeds_are_one_line(tmp_path, args, needle):
+    code, _, err = call(run_args(tiny_scenario(tmp_path), *args), cwd=tmp_path)
+    assert code == 2 and one_line(err) and needle in err, err

@@ -154,3 +154,15 @@ def test_a_stale_staging_folder_is_hidden_refused_by_report_and_cleaned_by_the_n
     assert not stale.exists(), "a staging folder older than an hour is a killed run's: removed"
     assert fresh.exists(), "a young staging folder may be a live run's: kept"
     assert len(visible(reports)) == 1 and complete_run(visible(reports)[0])
+
+
+@pytest.mark.parametrize("existing", ["file", "run"])
+def test_gate_out_is_checked_before_the_gate_runs(tmp_path, existing):
+    out = tmp_path / "gate-run"
+    if existing == "file":
+        out.write_text("mine")
+    else:
+        _fake_run(out)
+    code, _, err = call(["gate", "--scenario", str(tiny_scenario(tmp_path)), "--backend", "emulated",
+                         "--modes", "eager,full", "--out", str(out)])
+    assert code == 2 and one_line(err) and ("is a file" in err if existing == "file" else "--force" in err), err

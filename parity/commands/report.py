@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.errors import ConsoleError
 
 from parity.analysis.summary import SCHEMA_VERSION
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, console
@@ -29,7 +30,8 @@ from parity.report.diagnosis import diagnoses_view
 from parity.report.markdown import render_markdown
 
 # What a broken summary makes a renderer raise; anything else is a bug and reaches the boundary.
-_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError)
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
+              ConsoleError)
 
 
 def register(sub) -> None:
