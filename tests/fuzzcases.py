@@ -243,6 +243,6 @@ KINDS = {
     "prompts": ((prompt_files, st.integers(1, 2)), prompts_case, 25),
     "vllm": ((vllm_texts(), st.integers(0, 5), st.integers(1, 10 ** 6)), vllm_case, 80),
     "summary": ((summaries, st.booleans()), summary_case, 50),
-    "baseline": ((baselines(),), baseline_case, 40),
+    "baseline": ((baselines(),), baseline_case, 100),
 }
 assert set(TINY) <= set(SCENARIO_BASE)

@@ -96,7 +96,8 @@ def mutated(draw, data, max_mutations: int = 3):
     data = json.loads(json.dumps(data))
     for _ in range(draw(st.integers(1, max_mutations))):
         paths = list(_paths(data))
-        path = draw(st.sampled_from(paths))
+        shallow = [p for p in paths if len(p) <= 1]      # half the edits break the structure itself
+        path = draw(st.sampled_from(shallow if draw(st.booleans()) else paths))
         action = draw(st.sampled_from(["set", "set", "set", "delete", "rename", "duplicate"]))
         data = _apply(data, path, action, draw(VALUES) if action == "set" else None)
     return data

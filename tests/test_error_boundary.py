@@ -7,6 +7,7 @@ saved to a file, 130 interrupted, 143 terminated, with no partial run folder.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import parity.commands.run as run_command
+from fuzzcases import baseline_setup
 from robustkit import (ROOT, call, catches, fork_main, hidden, log, one_line, run_args, tiny_scenario, visible,
                        wait)
 
@@ -138,4 +140,49 @@ def test_sigterm_to_a_real_parity_process_is_exit_143(tmp_path):
 ])
 def test_missing_weights_and_impossible_seeds_are_one_line(tmp_path, args, needle):
     code, _, err = call(run_args(tiny_scenario(tmp_path), *args), cwd=tmp_path)
+    assert code == 2 and one_line(err) and needle in err, err
+
+
+def _edit(data: dict, path: str, value) -> dict:
+    data = json.loads(json.dumps(data))
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return data
+
+
+@pytest.mark.parametrize("path, value, needle", [
+    ("scenario", 1, "no scenario object"),
+    ("model", "tiny-llama3-eagle", "no model object"),
+    ("model.name", "llama3-eagle", "baseline is for model 'llama3-eagle'"),
+    ("schema_version", 2, "baseline schema 2"),
+    ("k", "3", "'k' must be an integer"),
+    ("modes.full.num_drafts", 0, "num_drafts >= 1"),
+    ("modes.full.accepted_per_position", [True, False, False], "non-increasing"),
+    ("modes.full.accepted_per_position", [0, 1, 1], "non-increasing"),
+])
+def test_hostile_baselines_are_one_line(tmp_path, path, value, needle):
+    scenario, data = baseline_setup()
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(_edit(data, path, value)))
+    code, _, err = call(["gate", "--scenario", str(scenario), "--backend", "emulated", "--modes", "eager,full",
+                         "--baseline", str(baseline)])
+    assert code == 2 and one_line(err) and needle in err, err
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda text: text[: len(text) // 2], "not valid JSON"),
+    (lambda text: text.replace('"schema_version": 1', '"schema_version": 7'), "summary schema 7"),
+    (lambda text: text.replace('"k": 3', '"k": 1000000000000'), "'k' must be an integer in 1..32"),
+    (lambda text: text.replace('"evidence": [', '"evidence": [{"a": 1}, '), "cannot render"),
+    (lambda text: text.encode("utf-16"), "not UTF-8"),
+])
+def test_hostile_summaries_are_one_line(tmp_path, edit, needle):
+    text = (ROOT / "tests" / "golden" / "drift-hidden-states" / "summary.json").read_text()
+    (tmp_path / "run").mkdir()
+    data = edit(text)
+    (tmp_path / "run" / "summary.json").write_bytes(data if isinstance(data, bytes) else data.encode())
+    code, _, err = call(["report", str(tmp_path / "run")])
     assert code == 2 and one_line(err) and needle in err, err

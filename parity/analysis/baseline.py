@@ -79,7 +79,7 @@ def load_baseline(path: str | Path) -> dict:
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise ParityInputError(f"{path}: not an eagle-parity baseline (no \"kind\": \"{KIND}\")")
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise ParityInputError(f"{path}: baseline schema {str(data.get('schema_version'))[:20]!r}, this version "
+        raise ParityInputError(f"{path}: baseline schema {repr(data.get('schema_version'))[:20]}, this version "
                                f"reads {SCHEMA_VERSION} (regenerate with --update-baseline)")
     k = data.get("k")
     if not _count(k) or not 1 <= k <= 32:

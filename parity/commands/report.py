@@ -80,7 +80,7 @@ def check_summary(summary, path: Path) -> None:
     if not isinstance(summary, dict) or not isinstance(summary.get("modes"), dict) or not summary["modes"]:
         raise ParityInputError(f"{path}: not a parity summary (no 'modes')")
     if summary.get("schema_version") != SCHEMA_VERSION:
-        raise ParityInputError(f"{path}: summary schema {str(summary.get('schema_version'))[:20]!r}, this version "
+        raise ParityInputError(f"{path}: summary schema {repr(summary.get('schema_version'))[:20]}, this version "
                                f"reads {SCHEMA_VERSION}")
     k = summary.get("k")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
