@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from hypothesis import strategies as st
+from transformers.utils import logging as hf_logging
 
 import parity.harness.gate as gate_harness
 import parity.harness.session as session
@@ -54,10 +55,13 @@ def cheap_engine():
         return run_modes(pair, scenario, modes, *args, **kwargs)
 
     session.run_modes, gate_harness.run_modes = guarded, _memo(guarded)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()     # a 40000-token prompt makes the tokenizer warn once per example
     try:
         yield
     finally:
         session.run_modes, gate_harness.run_modes = run_modes, gate_run_modes
+        hf_logging.set_verbosity(verbosity)
 
 
 _RUNS: dict = {}

@@ -186,3 +186,20 @@ def test_hostile_summaries_are_one_line(tmp_path, edit, needle):
     (tmp_path / "run" / "summary.json").write_bytes(data if isinstance(data, bytes) else data.encode())
     code, _, err = call(["report", str(tmp_path / "run")])
     assert code == 2 and one_line(err) and needle in err, err
+
+
+@pytest.mark.parametrize("replace, extra, needle", [
+    (("60.0", "1e300"), [], "counter value 1e+300 is not a count"),
+    (("60.0", "NaN"), [], "counter value nan"),
+    (("60.0", "-5"), [], "counter value -5.0"),
+    (None, ["--num-drafts", str(10 ** 30)], "--num-drafts must be in 1..2**53"),
+])
+def test_absurd_vllm_counts_are_one_line(tmp_path, replace, extra, needle):
+    """Found by `make fuzz`: a counter of 1e300 drafts overflowed the confidence intervals (exit 3)."""
+    text = (ROOT / "tests" / "data" / "vllm-metrics.prom").read_text()
+    metrics = tmp_path / "metrics.prom"
+    metrics.write_text(text.replace(*replace, 1) if replace else text)
+    printed = str(ROOT / "tests" / "data" / "seed000-full.txt")
+    argv = ["import", str(metrics)] if replace else ["gate", "--import", printed, "--import", printed, *extra]
+    code, _, err = call(argv)
+    assert code == 2 and one_line(err) and needle in err, err

@@ -101,7 +101,8 @@ def load_baseline(path: str | Path) -> dict:
 
 
 def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A JSON integer that is a count: not a bool, and small enough that the statistics stay in floats."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 53
 
 
 def check_scenario(data: dict, path: str | Path, scenario) -> None:

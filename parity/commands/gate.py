@@ -8,6 +8,7 @@ from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, console, i
 from parity.commands.outputs import add_force, check_out, save_run
 from parity.errors import ParityInputError
 from parity.harness.gate import GateRequest, check_output_path, run_gate
+from parity.importers.vllm import MAX_COUNT
 from parity.report.atomic import write_json, write_text
 from parity.report.gate import render_gate, render_gate_markdown
 from parity.report.junit import write_junit
@@ -35,8 +36,8 @@ def main(args) -> int:
     """Run (or import) every mode, compare with eager and the baseline; exit 0 pass, 1 drift, 2 bad input."""
     check_output_path(args.junit, "--junit")
     check_output_path(args.markdown, "--markdown")
-    if args.num_drafts is not None and args.num_drafts < 1:
-        raise ParityInputError(f"--num-drafts must be >= 1, got {args.num_drafts}")
+    if args.num_drafts is not None and not 1 <= args.num_drafts <= MAX_COUNT:
+        raise ParityInputError(f"--num-drafts must be in 1..2**53, got {args.num_drafts}")
     if args.imports and len(args.imports) >= 2:
         extra = [opt for opt, given in (("--baseline", args.baseline), ("--update-baseline", args.update_baseline),
                                         ("--inject", args.inject), ("--modes", requested_modes(args.modes)),
