@@ -12,10 +12,12 @@ baseline fuzzing costs no engine time after the first example.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import functools
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -77,10 +79,18 @@ def _memo(run):
     return memo
 
 
+_TRACEBACKS = tempfile.mkdtemp(prefix="parity-fuzz-tracebacks-")    # exit 3 saves one; gone at exit
+atexit.register(shutil.rmtree, _TRACEBACKS, True)
+
+
 def feed(kind: str, argv: list[str], out_dir: Path | None = None) -> None:
     """Run the CLI on one fuzzed input, check the rule, count the example and its outcome."""
-    with cheap_engine():
-        code, out, err = call(argv)
+    previous, tempfile.tempdir = tempfile.tempdir, _TRACEBACKS
+    try:
+        with cheap_engine():
+            code, out, err = call(argv)
+    finally:
+        tempfile.tempdir = previous
     COUNTS[kind] += 1
     OUTCOMES[(kind, "too large" if TOO_LARGE in err else code)] += 1
     if TOO_LARGE not in err:
@@ -217,6 +227,7 @@ def baseline_setup() -> tuple[Path, dict]:
     """A tiny scenario in a folder that lives as long as the process, and a baseline written for it."""
     if not _BASELINE:
         folder = Path(tempfile.mkdtemp(prefix="parity-fuzz-baseline-"))
+        atexit.register(shutil.rmtree, folder, True)
         scenario = tiny_scenario(folder, modes=["eager", "full"])
         with cheap_engine():
             code, _, err = call(["gate", "--scenario", str(scenario), "--backend", "emulated", "--modes",
