@@ -14,7 +14,8 @@ from parity.harness.request import RunRequest
 from parity.harness.simulated_numerics import simulate_padding_numerics
 from parity.models.zoo import check_model_paths
 
-EXIT_PASS, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
+EXIT_PASS, EXIT_DRIFT, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143      # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
 DEFAULT_SCENARIO = "scenarios/default.yaml"
 
 

@@ -29,6 +29,7 @@ from parity.graphs.policy import CapturePolicy
 from parity.harness.modes import run_modes
 from parity.harness.request import (checkpoint_paths, load_request_pair, load_request_scenario, resolve_backend,
                                     resolve_modes)
+from parity.harness.run_ids import slug
 from parity.harness.session import check_padding
 from parity.harness.scenario import load_scenario
 from parity.importers.vllm import load_vllm
@@ -108,7 +109,7 @@ def _import_gate(request: GateRequest) -> GateOutcome:
 def _load_baseline(request: GateRequest, scenario):
     path = request.baseline
     if request.update_baseline:
-        return (path or str(BASELINE_DIR / f"{scenario.name}.json")), None
+        return (path or str(BASELINE_DIR / f"{slug(scenario.name)}.json")), None
     if path is None:
         return None, None
     data = load_baseline(path)

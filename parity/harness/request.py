@@ -16,7 +16,7 @@ from parity.engine.parts import EngineParts
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
 from parity.graphs.policy import CapturePolicy
-from parity.harness.scenario import Scenario, load_scenario
+from parity.harness.scenario import MAX_SEED, Scenario, load_scenario
 from parity.models.pair import load_pair
 from parity.models.zoo import get_entry
 
@@ -61,6 +61,8 @@ def resolve_dtype(dtype: str, embedded: bool, device: torch.device) -> torch.dty
 
 def load_request_scenario(scenario_path: str, seed: int | None) -> Scenario:
     """The scenario file, with the command line's --seed applied."""
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise ParityInputError(f"--seed must be in 0..2**63-1, got {seed}")
     scenario = load_scenario(scenario_path)
     return dataclasses.replace(scenario, seed=seed) if seed is not None else scenario
 
