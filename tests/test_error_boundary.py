@@ -174,7 +174,7 @@ def test_hostile_baselines_are_one_line(tmp_path, path, value, needle):
 
 @pytest.mark.parametrize("edit, needle", [
     (lambda text: text[: len(text) // 2], "not valid JSON"),
-    (lambda text: text.replace('"schema_version": 1', '"schema_version": 7'), "summary schema 7"),
+    (lambda text: text.replace('"schema_version": 2', '"schema_version": 7'), "summary schema 7"),
     (lambda text: text.replace('"k": 3', '"k": 1000000000000'), "'k' must be an integer in 1..32"),
     (lambda text: text.replace('"evidence": [', '"evidence": [{"a": 1}, '), "cannot render"),
     (lambda text: text.encode("utf-16"), "not UTF-8"),

@@ -20,6 +20,9 @@ from rich.console import Console
 from rich.errors import ConsoleError
 
 from parity.analysis.summary import SCHEMA_VERSION
+
+# Schema 1 runs (before the padded-reference verdict) still render: their modes lack `reference`.
+READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, console
 from parity.engine.config import MAX_K
 from parity.errors import ParityInputError
@@ -79,9 +82,9 @@ def check_summary(summary, path: Path) -> None:
     """The fields every renderer relies on: schema version, K, and per mode K acceptance figures."""
     if not isinstance(summary, dict) or not isinstance(summary.get("modes"), dict) or not summary["modes"]:
         raise ParityInputError(f"{path}: not a parity summary (no 'modes')")
-    if summary.get("schema_version") != SCHEMA_VERSION:
+    if summary.get("schema_version") not in READABLE_SCHEMAS:
         raise ParityInputError(f"{path}: summary schema {repr(summary.get('schema_version'))[:20]}, this version "
-                               f"reads {SCHEMA_VERSION}")
+                               f"reads {', '.join(map(str, READABLE_SCHEMAS))}")
     k = summary.get("k")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
         raise ParityInputError(f"{path}: 'k' must be an integer in 1..{MAX_K}, got {str(k)[:20]}")
