@@ -32,6 +32,7 @@ class ModeRun:
     result: RunResult
     backend: str
     capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
+    graph_replays: int | None = None              # graph replays really run (None: no graphs installed)
 
 
 @dataclass
@@ -105,7 +106,8 @@ def run_mode(pair, scenario: Scenario, mode: str, backend: str, device: torch.de
     capture = install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode,
                              capture_policy(scenario, policy))
     result = engine.run(specs, progress=progress)
-    return ModeRun(mode, result, backend, capture)
+    replays = [o.executor.replays for o in engine.owners() if hasattr(o.executor, "replays")]
+    return ModeRun(mode, result, backend, capture, sum(replays) if replays else None)
 
 
 def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.device,
