@@ -70,14 +70,19 @@ def test_grading_rules():
 
 
 @pytest.mark.slow
-def test_corpus_is_never_missed_and_raises_no_false_alarm(tmp_path):
-    """The whole corpus on the emulated backend (186 s measured on the shared 2-core machine)."""
+def test_corpus_is_never_missed_never_wrong_and_mostly_named(tmp_path):
+    """The whole corpus on the emulated backend (186 s alone on the shared 2-core machine): every bug
+    detected, no confident wrong answer, no false alarm, and at least 90% of the graph bugs NAMED."""
     report = tmp_path / "bugs.json"
     done = subprocess.run([sys.executable, str(GRADER), "--backend", "emulated", "--json", str(report)], cwd=ROOT,
                           capture_output=True, text=True)
     data = json.loads(report.read_text())
     bad = [f"{b['id']}: {b['grade']} ({b['found']})" for b in data["bugs"]
-           if b["grade"] in ("MISSED", "FALSE ALARM", "NO-APPLY", "ERROR")]
+           if b["grade"] in ("MISSED", "WRONG", "FALSE ALARM", "NO-APPLY", "ERROR")]
     assert not bad, "\n".join(bad) + "\n" + done.stdout[-3000:]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert data["totals"]["graph_bugs"] >= 15
+    graph = [b for b in data["bugs"] if b["class"] == "graph"]
+    assert len(graph) >= 15
+    named = [b for b in graph if b["grade"] == "NAMED"]
+    assert len(named) >= 0.9 * len(graph), "\n".join(f"{b['id']}: {b['grade']} ({b['found']})" for b in graph
+                                                      if b["grade"] != "NAMED")

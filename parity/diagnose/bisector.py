@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from parity.analysis.kinds import NONE, UNEXPLAINED
+from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, UNEXPLAINED
 from parity.diagnose import descriptor, experiments, padding, pool, readset, recapture
 from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
@@ -110,6 +110,18 @@ class Bisector:
         if culprits:
             return explain(self, graph, ev_g, culprits, others, repairs, **where)
         ruled_out = [r.experiment for r in repairs] or ["no tensor the reference reads differs from what the graph read"]
+        rebound = experiments.static_outputs(self, graph, ev_g, snaps, out_r, entry)
+        if rebound is not None:
+            captured, live, experiment, evidence = rebound
+            return self.diagnosis(BUFFER_REASSIGNED, ["attention_output"], ev_g, captured=captured, live=live,
+                                  evidence=evidence, experiment=experiment, ruled_out=ruled_out, **where)
+        split = experiments.split_roles(ref, ev_r, ev_g, entry, reads)
+        found = experiments.pointed_back(self, ref, ev_r, ev_g, snaps, entry, out_g, split)
+        if found is not None:
+            name, captured, live, experiment, evidence = found
+            return self.diagnosis(BUFFER_REASSIGNED, [name], ev_g, captured=captured, live=live, evidence=evidence,
+                                  experiment=experiment, ruled_out=ruled_out, **where)
+        ruled_out += [f"point the reference's metadata {name} back at the persistent buffer" for name in split]
         return recapture.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ruled_out, **where)
 
     # --- what the stages share ------------------------------------------------------------

@@ -6,8 +6,11 @@ to the roles the reference forward really reads (`readset.py`). Per role, the
 experiment that fits what the addresses say:
 
 - redirect (the live holder now points elsewhere): copy the live tensor's values
-  into the captured address.
+  into the captured address, replay, and copy what the graph wrote there back
+  to the live tensor (reads and writes both follow the live holder).
   - registry rebound: BUFFER_REASSIGNED (who: registry);
+  - KV cache rebound (the cache's tensors replaced): BUFFER_REASSIGNED
+    (who: kv cache object), every tensor of the cache as one variable;
   - the graph read a tensor only the capture-time metadata held, and the live
     metadata holds the persistent buffer: CAPTURE_CONTEXT;
   - the graph read a tensor only the capture-time metadata held, and the live
@@ -23,17 +26,35 @@ experiment that fits what the addresses say:
 
 Every repair is tried alone (one variable); when none restores bitwise parity
 alone, all together and then delta debugging find the smallest set.
+
+When no repair of the graph restores parity, the experiment runs the other
+way (`pointed_back`): a role the reference reads through the metadata object
+at a tensor the persistent buffer does not share, while the graph read the
+persistent buffer, is pointed back at that buffer in a re-run of the
+reference. If the reference then produces the graph's outputs bit for bit,
+that one rebinding is the difference: BUFFER_REASSIGNED (who: metadata
+object). This covers a role read through two holders (RoPE from the registry,
+attention from the metadata), where copying values into the captured buffer
+would also change the reads that were right.
+
+A PIECEWISE graph has holders of its own: each eager attention call's output,
+which the next piece reads at the address it had at capture. When a call's
+output no longer is that tensor after a replay, `static_outputs` replays the
+pieces once more delivering every attention result into the captured output:
+if that restores parity, the output was rebound (BUFFER_REASSIGNED
+attention_output, who: the piecewise replay).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from parity.analysis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
 from parity.diagnose.delta_debug import ddmin
-from parity.diagnose.state import executor_of, forward_fn, registry_of, restore
+from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, registry_of, restore
 
 # The most specific first: a repair that names where the live values went beats one that only refreshes.
 SPECIFICITY = (BUFFER_REASSIGNED, CAPTURE_CONTEXT, STALE_BUFFER, PADDING_LEAK)
@@ -52,6 +73,7 @@ class Repair:
     captured: int | None = None
     live: int | None = None
     note: str = ""
+    live_tensor: torch.Tensor | None = None   # a redirect's live holder: gets back what the graph wrote
 
 
 def _spec(registry, name):
@@ -73,7 +95,17 @@ def candidates(ref, graph, ev_r, ev_g, snaps, entry, read_by_reference: set[str]
 
     found = []
     d = ev_g.dispatch
+    live_cache = graph.owner(ev_g.owner).kv_cache.tensors()
     for e in entry.manifest:
+        if e.holder == "kv cache":
+            live = live_cache[e.index] if e.index < len(live_cache) else None
+            if "kv_cache" in read_by_reference and live is not None and live.data_ptr() != e.address:
+                found.append(Repair(BUFFER_REASSIGNED, "kv_cache", "kv cache object",
+                                    "redirect the KV cache to the cache's live tensors", e.tensor, slice(None),
+                                    graph_state.get(id(live), live), e.address, live.data_ptr(),
+                                    "the KV cache's tensors were replaced; the graph reads and writes the old ones",
+                                    live))
+            continue
         if e.name not in read_by_reference or _spec(registry, e.name) is None:
             continue
         region = registry.spec(e.name).used(d.num_tokens, d.num_reqs)
@@ -95,7 +127,7 @@ def _repair_for(e, region, before, live_registry, live_meta, reference, graph_st
         live = graph_state.get(id(live_registry), live_registry)
         return Repair(BUFFER_REASSIGNED, e.name, "registry", f"redirect {e.name} to the registry's live tensor",
                       e.tensor, region, live[region], captured, live_registry.data_ptr(),
-                      "the registry rebound it to a new tensor")
+                      "the registry rebound it to a new tensor", live_registry)
     if e.holder == "metadata" and live_meta is not None and live_meta.data_ptr() != captured:
         kind, who = ((CAPTURE_CONTEXT, "metadata object")
                      if live_meta.untyped_storage().data_ptr() == live_registry.untyped_storage().data_ptr()
@@ -139,15 +171,18 @@ def confirm(bisector, graph, ev_g, snaps, out_r, repairs: list[Repair]) -> tuple
     """(culprits, others that alone also restore parity); ([], []) when nothing restores it.
 
     The capture context is one variable: every read the graph took from the
-    capture-time metadata object is redirected together, as one experiment.
+    capture-time metadata object is redirected together, as one experiment;
+    so is the KV cache (all its tensors).
     """
     executor = executor_of(graph, ev_g.owner)
     fn = forward_fn(graph, ev_g.owner, ev_g.phase)
     # NOTE: a repair may write a tensor outside the engine's snapshot (a capture-time
-    # placeholder): its region is saved here and put back before every experiment.
+    # placeholder, a replaced KV tensor): its region is saved here and put back before every experiment.
     originals = [(r.tensor, r.region, r.tensor[r.region].clone()) for r in repairs]
-    context = [r for r in repairs if r.kind == CAPTURE_CONTEXT]
-    units = [[r] for r in repairs if r.kind != CAPTURE_CONTEXT] + ([context] if context else [])
+    together = {CAPTURE_CONTEXT: [r for r in repairs if r.kind == CAPTURE_CONTEXT],
+                "kv_cache": [r for r in repairs if r.name == "kv_cache"]}
+    units = [[r] for r in repairs if r.kind != CAPTURE_CONTEXT and r.name != "kv_cache"]
+    units += [unit for unit in together.values() if unit]
 
     def replay_with(chosen) -> bool:
         restore(snaps["graph"])
@@ -156,7 +191,13 @@ def confirm(bisector, graph, ev_g, snaps, out_r, repairs: list[Repair]) -> tuple
         for unit in chosen:
             for r in unit:
                 r.tensor[r.region].copy_(r.value)
-        return bisector.replay_matches(graph, ev_g, executor, fn, out_r)
+        bisector.replays += 1
+        executor.execute(ev_g.dispatch, fn, ev_g.meta)
+        for unit in chosen:
+            for r in unit:
+                if r.live_tensor is not None:
+                    r.live_tensor[r.region].copy_(r.tensor[r.region])
+        return bisector.outputs_match(graph, ev_g, out_r)
 
     if not units or not replay_with(units):
         return [], []
@@ -166,3 +207,67 @@ def confirm(bisector, graph, ev_g, snaps, out_r, repairs: list[Repair]) -> tuple
     if alone:
         return alone[0], [r for u in alone[1:] for r in u]
     return [r for u in ddmin(units, replay_with) for r in u], []
+
+
+def split_roles(ref, ev_r, ev_g, entry, reads: dict[str, set[str]]) -> list[str]:
+    """Roles the reference reads through the metadata object at a tensor its persistent buffer does not share,
+    where the graph read the persistent buffer."""
+    registry = registry_of(ref, ev_r.owner)
+    from_registry = {e.name for e in entry.manifest if e.holder == "registry"}
+    return [name for name, holders in sorted(reads.items())
+            if "metadata object" in holders and name in registry and name in from_registry
+            and isinstance(getattr(ev_g.meta, name, None), torch.Tensor)]
+
+
+def pointed_back(bisector, ref, ev_r, ev_g, snaps, entry, out_g, names: list[str]):
+    """The first role whose metadata tensor, pointed back at the persistent buffer in a re-run of the
+    reference, makes the reference produce the graph's outputs bit for bit; with its evidence."""
+    registry = registry_of(ref, ev_r.owner)
+    fn = forward_fn(ref, ev_r.owner, ev_r.phase)
+    d = ev_r.dispatch
+    for name in names:
+        field = getattr(ev_r.meta, name)
+        buffer = registry[name]
+        if buffer.dim() != field.dim() or buffer.shape[0] < field.shape[0] or buffer.shape[1:] != field.shape[1:]:
+            continue
+        meta = dataclasses.replace(ev_r.meta, **{name: buffer[: field.shape[0]]})
+        restore(snaps["ref"])
+        bisector.replays += 1
+        result = fn(d.num_tokens_padded, d.num_reqs_padded, meta)
+        out = outputs(ref, ev_r, result[0] if result else None)
+        restore(snaps["ref"])
+        if max_diff(out, out_g)[0] == 0:
+            captured = next(e.address for e in entry.manifest if e.name == name and e.holder == "registry")
+            live = getattr(ev_g.meta, name).data_ptr()
+            experiment = (f"re-run the reference with the metadata's {name} pointed back at the persistent buffer "
+                          "the graph captured: it produces the graph's outputs bit for bit")
+            evidence = [f"buffer_reassigned: {name} (metadata object), captured {captured:#x}, live {live:#x}: "
+                        "the metadata object rebound it to a fresh tensor; the persistent buffer the graph reads "
+                        "kept its old values", experiment]
+            return name, captured, live, experiment, evidence
+    return None
+
+
+def static_outputs(bisector, graph, ev_g, snaps, out_r, entry):
+    """Evidence when a PIECEWISE graph's attention outputs were rebound and delivering them into the
+    captured tensors restores bitwise parity; None otherwise."""
+    g = entry.graph
+    moved = [i for i, call in enumerate(g.calls) if call.static is not None and call.out is not call.static]
+    if not moved:
+        return None
+    restore(snaps["graph"])
+    bisector.replays += 1
+    for i, segment in enumerate(g.segments):
+        segment.replay()
+        if i < len(g.calls):
+            call = g.calls[i]
+            call.static.copy_(call.attend(ev_g.meta))
+    if not bisector.outputs_match(graph, ev_g, out_r, g.outputs[0] if g.outputs else None):
+        return None
+    call = g.calls[moved[0]]
+    experiment = ("replay the pieces delivering every attention result into the output tensor the next piece "
+                  "captured: replaying restores bitwise parity with the padded reference")
+    evidence = [f"buffer_reassigned: attention_output (piecewise replay), captured {call.static.data_ptr():#x}, "
+                f"live {call.out.data_ptr():#x}: {len(moved)} of {len(g.calls)} attention calls hold a new output "
+                "tensor after the replay; the next piece reads the captured one", experiment]
+    return call.static.data_ptr(), call.out.data_ptr(), experiment, evidence

@@ -2,9 +2,11 @@
 
 The reference forward is re-run from its pre-state under a dispatch-mode
 tracer that collects every storage its ops read; each storage is named by its
-role: a buffer of the owner's registry, or a tensor field of the metadata
-object. The graph's side is its capture manifest (same roles, with the holder
-at capture). A role the reference reads is what a graph must read from the
+role: a buffer of the owner's registry, a tensor field of the metadata
+object, or the owner's KV cache. A role can be read through two holders at
+once (RoPE reads the registry's positions, attention the metadata's): both
+are kept. The graph's side is its capture manifest (same roles, with the
+holder at capture). A role the reference reads is what a graph must read from the
 live holder; roles the reference never reads cannot explain a divergence and
 are never repaired (no innocent buffer gets named).
 """
@@ -32,8 +34,8 @@ class _Reads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def reference_reads(bisector, ref, ev_r, snap) -> dict[str, str]:
-    """role name -> holder ("registry" or "metadata object") of every tensor the reference forward reads."""
+def reference_reads(bisector, ref, ev_r, snap) -> dict[str, set[str]]:
+    """role name -> holders ("registry", "metadata object", "kv cache") of every tensor the reference forward reads."""
     restore(snap)
     tracer = _Reads()
     bisector.replays += 1
@@ -41,12 +43,18 @@ def reference_reads(bisector, ref, ev_r, snap) -> dict[str, str]:
         forward_fn(ref, ev_r.owner, ev_r.phase)(ev_r.dispatch.num_tokens_padded, ev_r.dispatch.num_reqs_padded,
                                                 ev_r.meta)
     restore(snap)
-    roles = {}
-    for name, tensor in registry_of(ref, ev_r.owner).items():
+    roles: dict[str, set[str]] = {}
+    registry = registry_of(ref, ev_r.owner)
+    for name, tensor in registry.items():
         if tensor.untyped_storage().data_ptr() in tracer.storages:
-            roles[name] = "registry"
+            roles.setdefault(name, set()).add("registry")
     for f in dataclasses.fields(ev_r.meta):
         value = getattr(ev_r.meta, f.name)
-        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in tracer.storages:
-            roles.setdefault(f.name, "metadata object")
+        if not isinstance(value, torch.Tensor) or value.untyped_storage().data_ptr() not in tracer.storages:
+            continue
+        held = registry[f.name] if f.name in registry else None
+        if held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr():
+            roles.setdefault(f.name, set()).add("metadata object")
+    if any(t.untyped_storage().data_ptr() in tracer.storages for t in ref.owner(ev_r.owner).kv_cache.tensors()):
+        roles["kv_cache"] = {"kv cache"}
     return roles

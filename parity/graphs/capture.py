@@ -29,6 +29,11 @@ class AttentionCall:
     value: torch.Tensor
     scaling: float
     out: torch.Tensor     # static: the next segment reads it
+    static: torch.Tensor | None = None   # the tensor `out` was at capture: the address the next segment reads
+
+    def attend(self, meta) -> torch.Tensor:
+        """This call's attention on `meta`, as a new tensor (the replay copies it into `out`)."""
+        return attention_core(self.module, self.query, self.key, self.value, self.scaling, meta)
 
 
 class CapturedGraph:
@@ -63,7 +68,7 @@ def capture(backend, pool, fn, piecewise: bool, weak_outputs: bool = True) -> Ca
         segments.append(backend.end(state["handle"]))
         state["handle"] = None
         out = attention_core(module, query, key, value, scaling, meta)
-        calls.append(AttentionCall(module, query, key, value, scaling, out))
+        calls.append(AttentionCall(module, query, key, value, scaling, out, out))
         state["handle"] = backend.begin(pool)
         return out
 

@@ -1,9 +1,11 @@
 """The capture manifest: per graph, every named tensor it reads, with who held it at capture.
 
 Recorded at capture (name, storage address, shape, dtype, holder): the
-registered persistent buffers it touched ("registry"), and the tensors of the
+registered persistent buffers it touched ("registry"), the tensors of the
 capture-time metadata object it touched that no registry owns ("metadata": a
-placeholder, or a tensor a builder made for that one batch). `audit` compares
+placeholder, or a tensor a builder made for that one batch), and the KV cache
+tensors it read or wrote ("kv cache", role `kv_cache`, with the tensor's index
+in the cache). `audit` compares
 the registry entries with the live registry: a different address means the
 buffer was reassigned behind the graph's back.
 """
@@ -22,7 +24,8 @@ class ManifestEntry:
     shape: tuple[int, ...]
     dtype: str
     tensor: object = field(default=None, repr=False, compare=False)   # the captured tensor itself
-    holder: str = "registry"         # "registry", or "metadata" for a tensor only the metadata object held
+    holder: str = "registry"         # "registry", "metadata" (only the metadata object held it) or "kv cache"
+    index: int = -1                  # for the KV cache: the tensor's place in `PagedKVCache.tensors()`
 
     def as_dict(self) -> dict:
         return {"owner": self.owner, "name": self.name, "address": self.address, "shape": list(self.shape),
@@ -53,12 +56,16 @@ def build_manifest(read_storages: set[int], registries, meta=None) -> tuple[Mani
         storage = tensor.untyped_storage().data_ptr()
         if storage in read_storages and storage not in owned:
             entries.append(_entry(owner, name, tensor, "metadata"))
+    cache = getattr(meta, "kv_cache", None)
+    for i, tensor in enumerate(cache.tensors() if cache is not None else ()):
+        if tensor.untyped_storage().data_ptr() in read_storages:
+            entries.append(_entry(owner, "kv_cache", tensor, "kv cache", i))
     return tuple(entries)
 
 
-def _entry(owner: str, name: str, tensor, holder: str) -> ManifestEntry:
+def _entry(owner: str, name: str, tensor, holder: str, index: int = -1) -> ManifestEntry:
     return ManifestEntry(owner, name, tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""),
-                         tensor, holder)
+                         tensor, holder, index)
 
 
 def _tensor_fields(meta) -> list:
