@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, run_request
+from parity.commands.memory import add_memory_options, print_run, print_session, show_plan, with_memory
 from parity.harness.run_ids import default_run_id
 from parity.harness.session import run_session
 from parity.report.artifacts import write_run
@@ -19,14 +20,20 @@ def register(sub) -> None:
     add_common(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument("--no-bisect", action="store_true", help="do not diagnose drifting modes")
+    add_memory_options(run)
     run.set_defaults(handler=main)
 
 
 def main(args) -> int:
     """Run the scenario in each mode, compare with eager, render and save the report."""
+    request = with_memory(run_request(args), args)
+    if args.plan:
+        return show_plan(request)
     with mode_progress(not args.quiet) as progress:
-        outcome = run_session(run_request(args), progress)
+        outcome = run_session(request, progress, on_run=print_run if args.verbose else None)
     summary = outcome.summary
+    if args.verbose:
+        print_session(summary)
     summary["faults"] = list(args.inject)
     out_dir = Path(args.out) if args.out else Path("reports") / default_run_id(summary["model"],
                                                                             outcome.scenario.name)

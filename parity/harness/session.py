@@ -19,6 +19,7 @@ from parity.errors import ParityInputError
 from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
 from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
+from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
 from parity.harness.release import Stopwatch, measured
 from parity.harness.request import (RunRequest, load_request_pair, load_request_scenario, resolve_backend,
                                     resolve_modes)
@@ -35,14 +36,17 @@ class RunOutcome:
 def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
     """Every mode of the scenario, compared with eager; drifting modes bisected when asked.
 
-    `on_run(run)` gets each finished run (its memory and timing) as it ends.
+    The memory plan is checked before any weight is read; `on_run(run)` gets
+    each finished run (its memory and timing) as it ends.
     """
     watch = Stopwatch()
     scenario = load_request_scenario(request.scenario_path, request.seed)
     modes = resolve_modes(request.modes, scenario)
     backend, device = resolve_backend(request.backend)
+    plan = plan_request(request, scenario, modes, device)
+    check_plan(plan)
     with watch("load_seconds"):
-        pair = load_request_pair(request, device)
+        pair = load_request_pair(request, device, kv_cache_tokens(scenario))
     runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress, on_run)
     with watch("analysis_seconds"):
         comparisons = compare_runs(runs, scenario)
@@ -60,6 +64,7 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
                             device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
                             diagnosis=first)
     summary["diagnoses"] = diagnoses
+    summary["memory_plan"] = plan.as_dict() if plan is not None else None
     summary["timing"] = {**watch.seconds, "runs": {name: run.timing for name, run in runs.all_runs().items()}}
     return RunOutcome(summary, runs, scenario)
 
@@ -96,7 +101,8 @@ def bisect_session(request: RunRequest, mode: str | None) -> dict:
         raise ParityInputError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
     if mode == EAGER:
         raise ParityInputError("--mode eager: eager is the reference; bisect a graph mode")
-    pair = load_request_pair(request, device)
+    check_plan(plan_request(request, scenario, resolve_modes(request.modes, scenario), device))
+    pair = load_request_pair(request, device, kv_cache_tokens(scenario))
     if mode is None:
         modes = resolve_modes(request.modes, scenario)
         runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy)
