@@ -13,8 +13,9 @@ MODES    ?= all
 BACKEND  ?= auto
 OUT      ?=
 TORCH_CPU_VERSION ?= 2.13.0
+FUZZ_SECONDS ?= 300
 
-.PHONY: parity test test-gpu bench gate models clean help
+.PHONY: parity test test-gpu bench gate models clean help fuzz
 
 help:
 	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=$(SCENARIO)] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
@@ -22,6 +23,7 @@ help:
 	@echo "make test-gpu    tests marked gpu (needs CUDA)"
 	@echo "make bench       side-by-side latency ratios"
 	@echo "make models      rebuild the embedded tiny pair under parity/assets/"
+	@echo "make fuzz        fuzz every input kind for FUZZ_SECONDS=$(FUZZ_SECONDS) s; prints examples and failures"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -41,6 +43,11 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests
+
+# Random hostile inputs (scenarios, prompt sets, vLLM files, summaries, baselines) for a bounded time;
+# CI runs the same bodies with a few derandomized examples (tests/test_fuzz_inputs.py).
+fuzz: $(STAMP)
+	PARITY_FUZZ_PROFILE=soak FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_soak.py
 
 bench: $(STAMP)
 	$(PY) -m parity bench

@@ -1,12 +1,17 @@
-"""The `parity` command line. Thin: assembles one module per command; exits 0 / 1 (drift) / 2 (bad input)."""
+"""The `parity` command line. Thin: assembles one module per command and runs it inside the error boundary.
+
+Exit codes: 0 pass, 1 drift, 2 bad input (one line), 3 internal error (one
+line naming a saved traceback), 130 interrupted, 143 terminated
+(commands/boundary.py).
+"""
 
 from __future__ import annotations
 
 import sys
 
 from parity.commands import bench, bisect, faults, gate, imports, models, report, run, scenarios
-from parity.commands.common import EXIT_USAGE, Parser
-from parity.errors import ParityInputError
+from parity.commands.boundary import guarded
+from parity.commands.common import Parser
 
 COMMANDS = (run, bisect, faults, report, gate, imports, models, scenarios, bench)
 
@@ -21,16 +26,13 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse, dispatch, and turn bad input into one line and exit 2."""
-    try:
+    """Entry point: parse and dispatch inside the boundary, which turns every failure into one line and a code."""
+
+    def dispatch() -> int:
         args = build_parser().parse_args(argv)
         return args.handler(args)
-    except ParityInputError as exc:
-        print(f"parity: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("parity: interrupted", file=sys.stderr)
-        return 130
+
+    return guarded(dispatch)
 
 
 if __name__ == "__main__":

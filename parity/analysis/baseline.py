@@ -61,32 +61,48 @@ def build_baseline(*, model: str, model_checksum: str, scenario, backend: str,
 
 
 def load_baseline(path: str | Path) -> dict:
-    """Read and validate a baseline file; every problem is one ParityInputError line."""
+    """Read and validate a baseline file; every problem is one ParityInputError line.
+
+    Baselines are committed and hand-merged: a truncated file, another schema, a count that is not a
+    count (a bool, a float, more accepted than drafted, rising with the position) is refused here,
+    before any model loads, rather than surfacing later as a traceback or a meaningless verdict.
+    """
     path = Path(path)
-    if not path.is_file():
-        raise ParityInputError(f"{path}: baseline not found (write one with --update-baseline)")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ParityInputError(f"{path}: unreadable ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ParityInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not path.is_file():
+            raise ParityInputError(f"{path}: baseline not found (write one with --update-baseline)")
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, json.JSONDecodeError):
+            raise ParityInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise ParityInputError(f"{path}: unreadable ({exc.__class__.__name__}: {str(exc)[:80]})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise ParityInputError(f"{path}: not an eagle-parity baseline (no \"kind\": \"{KIND}\")")
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise ParityInputError(f"{path}: baseline schema {data.get('schema_version')!r}, this version reads "
-                               f"{SCHEMA_VERSION} (regenerate with --update-baseline)")
+        raise ParityInputError(f"{path}: baseline schema {repr(data.get('schema_version'))[:20]}, this version "
+                               f"reads {SCHEMA_VERSION} (regenerate with --update-baseline)")
+    k = data.get("k")
+    if not _count(k) or not 1 <= k <= 32:
+        raise ParityInputError(f"{path}: 'k' must be an integer in 1..32, got {str(k)[:20]}")
     modes = data.get("modes")
     if not isinstance(modes, dict) or not modes:
         raise ParityInputError(f"{path}: baseline has no modes")
     for mode, m in modes.items():
         counts = m.get("accepted_per_position") if isinstance(m, dict) else None
         drafts = m.get("num_drafts") if isinstance(m, dict) else None
-        if not isinstance(drafts, int) or not isinstance(counts, list) or \
-                not all(isinstance(c, int) and 0 <= c <= drafts for c in counts) or len(counts) != data.get("k"):
-            raise ParityInputError(f"{path}: mode {mode!r} needs num_drafts and {data.get('k')} "
-                                   f"accepted_per_position counts within 0..num_drafts")
+        if not _count(drafts) or drafts < 1 or not isinstance(counts, list) or len(counts) != k or \
+                not all(_count(c) and c <= drafts for c in counts) or counts != sorted(counts, reverse=True):
+            raise ParityInputError(f"{path}: mode {mode[:40]!r} needs num_drafts >= 1 and {k} "
+                                   f"accepted_per_position counts within 0..num_drafts, non-increasing")
+    for key in ("model", "scenario"):
+        if not isinstance(data.get(key), dict):
+            raise ParityInputError(f"{path}: baseline has no {key} object (regenerate with --update-baseline)")
     return data
+
+
+def _count(value) -> bool:
+    """A JSON integer that is a count: not a bool, and small enough that the statistics stay in floats."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 53
 
 
 def check_scenario(data: dict, path: str | Path, scenario) -> None:

@@ -18,9 +18,14 @@ def _decode(tokenizer, ids: list[int]) -> str:
 
 
 def build_summary(*, model: str, model_checksum: str, scenario, backend: str, device: str,
-                  comparisons: dict[str, ModeComparison], runs: dict, tokenizer=None,
-                  diagnosis: dict | None = None) -> dict:
-    """Everything a report shows, as JSON-ready data; the verdict is drift if any mode drifts."""
+                  comparisons: dict[str, ModeComparison], runs, tokenizer=None,
+                  diagnosis: dict | None = None, target_path: str | None = None,
+                  draft_path: str | None = None) -> dict:
+    """Everything a report shows, as JSON-ready data; the verdict is drift if any mode drifts.
+
+    `target_path`/`draft_path`: the checkpoint folders a pair given by path was loaded from
+    (None for embedded pairs, whose files are part of the package).
+    """
     modes = {mode: mode_summary(cmp, runs.runs[mode]) for mode, cmp in comparisons.items()}
     divergences = {mode: divergence_summary(cmp, tokenizer) for mode, cmp in comparisons.items() if cmp.divergences}
     verdict = "drift" if any(m["verdict"] == "drift" for m in modes.values()) else "pass"
@@ -30,6 +35,8 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "model": model,
         "model_checksum": model_checksum,
+        "target_path": target_path,
+        "draft_path": draft_path,
         "scenario": scenario.name,
         "scenario_path": scenario.path,
         "backend": backend,

@@ -12,8 +12,10 @@ from parity.faults.catalog import resolve_faults
 from parity.faults.mutations import apply
 from parity.harness.request import RunRequest
 from parity.harness.simulated_numerics import simulate_padding_numerics
+from parity.models.zoo import check_model_paths
 
-EXIT_PASS, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
+EXIT_PASS, EXIT_DRIFT, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143      # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
 DEFAULT_SCENARIO = "scenarios/default.yaml"
 
 
@@ -57,6 +59,7 @@ def engine_parts(args) -> dict:
 
 def run_request(args) -> RunRequest:
     """The harness request of `parity run` / `parity bisect` arguments."""
+    check_model_paths(args.model, args.target_path, args.draft_path)
     return RunRequest(args.model, args.scenario, requested_modes(args.modes), args.backend, **engine_parts(args),
                       seed=args.seed, target_path=args.target_path, draft_path=args.draft_path, dtype=args.dtype,
                       bisect=not getattr(args, "no_bisect", False))

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, console, engine_parts, requested_modes
+from parity.commands.outputs import add_force, check_out, save_run
 from parity.errors import ParityInputError
 from parity.harness.gate import GateRequest, check_output_path, run_gate
-from parity.report.artifacts import write_run
+from parity.importers.vllm import MAX_COUNT
+from parity.models.zoo import check_model_paths
 from parity.report.atomic import write_json, write_text
 from parity.report.gate import render_gate, render_gate_markdown
 from parity.report.junit import write_junit
 from parity.report.progress import mode_progress
-from parity.report.writers import RUN_REPORT_WRITERS
 
 
 def register(sub) -> None:
     gate = sub.add_parser("gate", help="CI gate: fail on acceptance or parity drift (JUnit, Markdown, baselines)")
     add_common(gate)
+    add_force(gate)
     gate.set_defaults(scenario=None)   # engine runs: scenarios/default.yaml; imports: default tolerances
     gate.add_argument("--baseline", default=None, metavar="FILE", help="compare every mode with this baseline")
     gate.add_argument("--update-baseline", action="store_true",
@@ -34,16 +35,18 @@ def register(sub) -> None:
 
 def main(args) -> int:
     """Run (or import) every mode, compare with eager and the baseline; exit 0 pass, 1 drift, 2 bad input."""
+    check_model_paths(args.model, args.target_path, args.draft_path)
     check_output_path(args.junit, "--junit")
     check_output_path(args.markdown, "--markdown")
-    if args.num_drafts is not None and args.num_drafts < 1:
-        raise ParityInputError(f"--num-drafts must be >= 1, got {args.num_drafts}")
+    if args.num_drafts is not None and not 1 <= args.num_drafts <= MAX_COUNT:
+        raise ParityInputError(f"--num-drafts must be in 1..2**53, got {args.num_drafts}")
     if args.imports and len(args.imports) >= 2:
         extra = [opt for opt, given in (("--baseline", args.baseline), ("--update-baseline", args.update_baseline),
                                         ("--inject", args.inject), ("--modes", requested_modes(args.modes)),
                                         ("--out", args.out)) if given]
         if extra:
             raise ParityInputError(f"{', '.join(extra)}: not with --import (imports compare files, not engine runs)")
+    check_out(args)
     request = GateRequest(args.model, args.scenario, requested_modes(args.modes), args.backend,
                           **engine_parts(args), seed=args.seed, target_path=args.target_path,
                           draft_path=args.draft_path, dtype=args.dtype, baseline=args.baseline,
@@ -60,6 +63,6 @@ def main(args) -> int:
     if args.markdown:
         write_text(args.markdown, render_gate_markdown(outcome.report, outcome.summary))
     if args.out and outcome.summary is not None:
-        write_run(Path(args.out), outcome.summary, outcome.runs, extra_writers=RUN_REPORT_WRITERS)
+        save_run(args, outcome.summary, outcome.runs, outcome.summary["scenario"])
     render_gate(outcome.report, console=console())
     return EXIT_DRIFT if outcome.verdict == "drift" else EXIT_PASS

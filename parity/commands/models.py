@@ -10,25 +10,48 @@ from rich.table import Table
 
 from parity.commands.common import EXIT_PASS, Parser
 from parity.models.assets import write_manifest
+from parity.models.synth import synthesize
+from parity.models.synth_spec import TARGET_FOLDER, SynthRequest
 from parity.models.zoo import ASSETS, ZOO, availability
 
 
 def register(sub) -> None:
-    models = sub.add_parser("models", help="list or build models")
+    models = sub.add_parser("models", help="list, build or synthesize models")
     models_sub = models.add_subparsers(dest="models_command", required=True, parser_class=Parser)
     models_sub.add_parser("list", help="the model zoo and what is available here")
     build = models_sub.add_parser("build", help="train an embedded tiny pair into parity/assets/")
     build.add_argument("--pair", default="tiny-llama3-eagle", choices=["tiny-llama3-eagle", "tiny-llama3-eagle3"],
                        help="which embedded pair (tiny-llama3-eagle3 reuses tiny-llama3-eagle's target)")
     build.add_argument("--out", default=None, help="folder (default parity/assets/<pair>)")
+    synth = models_sub.add_parser("synth", help="write a random-weights target + EAGLE head with a chosen acceptance")
+    synth.add_argument("--shape", required=True, help="llama3-8b, llama3-1b or tiny (see docs/models.md)")
+    synth.add_argument("--head", required=True, help="eagle1 or eagle3 (the published layouts)")
+    synth.add_argument("--acceptance", type=float, default=0.8,
+                       help="share of positions where the target's greedy token is the draft's (0..1, default 0.8)")
+    synth.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 (default) or float16")
+    synth.add_argument("--out", required=True, help="a new (or empty) folder for target/, the head and synth_info.json")
+    synth.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    synth.add_argument("--device", default="auto", help="where weights are made and calibrated: auto, cpu or cuda")
     models.set_defaults(handler=main)
 
 
 def main(args) -> int:
-    """List the zoo, or build an embedded pair."""
+    """List the zoo, build an embedded pair, or write a synthetic one."""
     if args.models_command == "list":
         return list_models()
+    if args.models_command == "synth":
+        return synth(args)
     return build(args)
+
+
+def synth(args) -> int:
+    """Write a random-weights target + EAGLE head calibrated to --acceptance into --out (exit 2 on bad input)."""
+    request = SynthRequest(args.shape, args.head, args.acceptance, args.dtype, args.out, args.seed, args.device)
+    synthesize(request, progress=lambda line: print(line, flush=True))
+    out = Path(args.out)
+    print(f"built {out}; run parity on it with:\n  parity run --model local --target-path {out / TARGET_FOLDER} "
+          f"--draft-path {out / args.head}")
+    return EXIT_PASS
 
 
 def list_models() -> int:

@@ -28,7 +28,9 @@ from parity.errors import ParityInputError
 from parity.graphs.policy import CapturePolicy
 from parity.harness.modes import run_modes
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
-from parity.harness.request import load_request_pair, load_request_scenario, resolve_backend, resolve_modes
+from parity.harness.request import (checkpoint_paths, load_request_pair, load_request_scenario, resolve_backend,
+                                    resolve_modes)
+from parity.harness.run_ids import slug
 from parity.harness.session import check_padding
 from parity.harness.scenario import load_scenario
 from parity.importers.vllm import load_vllm
@@ -108,7 +110,7 @@ def _import_gate(request: GateRequest) -> GateOutcome:
 def _load_baseline(request: GateRequest, scenario):
     path = request.baseline
     if request.update_baseline:
-        return (path or str(BASELINE_DIR / f"{scenario.name}.json")), None
+        return (path or str(BASELINE_DIR / f"{slug(scenario.name)}.json")), None
     if path is None:
         return None, None
     data = load_baseline(path)
@@ -159,7 +161,8 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
         else:
             report["baseline_note"] = f"baseline NOT written ({baseline_path}): the run drifts from eager"
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
-                            device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer)
+                            device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
+                            **checkpoint_paths(pair))
     summary["gate"] = report
     return GateOutcome(report, summary, runs, to_write)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -15,7 +16,7 @@ from parity.engine.parts import EngineParts
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
 from parity.graphs.policy import CapturePolicy
-from parity.harness.scenario import Scenario, load_scenario
+from parity.harness.scenario import MAX_SEED, Scenario, load_scenario
 from parity.models.pair import load_pair
 from parity.models.zoo import get_entry
 
@@ -61,6 +62,8 @@ def resolve_dtype(dtype: str, embedded: bool, device: torch.device) -> torch.dty
 
 def load_request_scenario(scenario_path: str, seed: int | None) -> Scenario:
     """The scenario file, with the command line's --seed applied."""
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise ParityInputError(f"--seed must be in 0..2**63-1, got {seed}")
     scenario = load_scenario(scenario_path)
     return dataclasses.replace(scenario, seed=seed) if seed is not None else scenario
 
@@ -75,3 +78,10 @@ def load_request_pair(request, device: torch.device, kv_cache_tokens: int | None
     extra = {} if kv_cache_tokens is None else {"kv_cache_tokens": kv_cache_tokens}
     return load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
                      dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device, **extra)
+
+
+def checkpoint_paths(pair) -> dict:
+    """`target_path` and `draft_path` of a pair given by path, for the summary; None for embedded pairs."""
+    if pair.entry.embedded:
+        return {"target_path": None, "draft_path": None}
+    return {"target_path": str(Path(pair.target_dir).resolve()), "draft_path": str(Path(pair.draft_dir).resolve())}

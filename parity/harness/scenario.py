@@ -3,11 +3,17 @@
 A scenario fixes everything a run depends on except the model and the modes
 given on the command line: prompts, batch composition and arrivals, engine
 limits, sampling, graph capture sizes and the tolerances of the verdict.
+
+Anything a file can hold is answered with one line: binary junk, another
+encoding, YAML tags, nesting, absurd sizes (every count is capped at MAX_COUNT,
+far above any real engine's and below where int32 index tensors or the host's
+memory give out), NaN and infinities, and values shown in messages are cut
+short (a YAML alias bomb repeats one list a billion times).
 """
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -16,6 +22,7 @@ import yaml
 from parity.analysis.tolerances import Tolerances
 from parity.errors import ParityInputError
 from parity.graphs.modes import MODES
+from parity.harness.prompts import is_file, read_prompts, read_text_file, show
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,8 @@ _SCALARS = {
 }
 _LISTS = {"arrivals", "capture_sizes", "modes", "sliding_window"}
 _TOLERANCE_KEYS = {f.name: f.type for f in fields(Tolerances)}
-
+MAX_COUNT = 1 << 20          # requests, tokens, sizes: a million is past any scenario this harness runs
+MAX_SEED = (1 << 63) - 1     # seeds are folded into int64 arithmetic
 
 class _Checker:
     def __init__(self, path: Path):
@@ -74,44 +82,56 @@ class _Checker:
         raise ParityInputError(f"{self.path}:{line}: {reason}")
 
 
-def _value(node):
-    return yaml.safe_load(yaml.serialize(node))
+def _value(check: _Checker, node):
+    try:
+        return yaml.safe_load(yaml.serialize(node))
+    except yaml.YAMLError as exc:       # tags safe_load refuses (!!python/object, ...), bad !!int, ...
+        check.fail(node, f"unsupported value ({' '.join(str(getattr(exc, 'problem', exc)).split())})")
+
+
+def _compose(path: Path, check: _Checker):
+    try:
+        return yaml.compose(read_text_file(path, "scenario file"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ParityInputError(f"{path}:{line}: not valid YAML ({problem})") from None
+    except RecursionError:
+        check.fail(None, "not a scenario: nested too deeply")
 
 
 def load_scenario(path: str | Path) -> Scenario:
     """Parse and validate a scenario file; every problem is one ParityInputError line."""
     path = Path(path)
-    if not path.is_file():
+    if not is_file(path):
         raise ParityInputError(f"{path}: scenario file not found")
     check = _Checker(path)
-    try:
-        root = yaml.compose(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise ParityInputError(f"{path}:{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    root = _compose(path, check)
     if not isinstance(root, yaml.MappingNode):
         check.fail(root, "a scenario must be a mapping of keys to values")
     raw: dict = {}
     nodes: dict = {}
     for key_node, value_node in root.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            check.fail(key_node, "keys must be plain names")
         key = key_node.value
         if key in nodes:
-            check.fail(key_node, f"duplicate key {key!r}")
+            check.fail(key_node, f"duplicate key {show(key)}")
         nodes[key] = (key_node, value_node)
         if key == "tolerances":
             raw[key] = _tolerances(check, value_node)
         elif key in _SCALARS:
             kind, expected = _SCALARS[key]
-            value = _value(value_node)
+            value = _value(check, value_node)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                check.fail(value_node, f"{key} must be {expected}, got {value!r}")
+                check.fail(value_node, f"{key} must be {expected}, got {show(value)}")
             raw[key] = value
         elif key in _LISTS:
-            raw[key] = _value(value_node)
+            raw[key] = _value(check, value_node)
         else:
             known = sorted(list(_SCALARS) + list(_LISTS) + ["tolerances"])
-            check.fail(key_node, f"unknown key {key!r} (known: {', '.join(known)})")
+            check.fail(key_node, f"unknown key {show(key)} (known: {', '.join(known)})")
     return _build(path, check, raw, nodes)
 
 
@@ -120,22 +140,24 @@ def _tolerances(check: _Checker, node) -> Tolerances:
         check.fail(node, "tolerances must be a mapping")
     values = {}
     for key_node, value_node in node.value:
-        key = key_node.value
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
         if key not in _TOLERANCE_KEYS:
-            check.fail(key_node, f"unknown tolerance {key!r} (known: {', '.join(_TOLERANCE_KEYS)})")
-        value = _value(value_node)
+            check.fail(key_node, f"unknown tolerance {show(key)} (known: {', '.join(_TOLERANCE_KEYS)})")
+        value = _value(check, value_node)
         if key in ("require_token_parity", "require_draft_parity"):
             if not isinstance(value, bool):
-                check.fail(value_node, f"{key} must be true or false, got {value!r}")
-        elif not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            check.fail(value_node, f"{key} must be a number >= 0, got {value!r}")
+                check.fail(value_node, f"{key} must be true or false, got {show(value)}")
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value) or value < 0:
+            check.fail(value_node, f"{key} must be a number >= 0, got {show(value)}")
+        elif key == "alpha" and not 0 < value < 1:
+            check.fail(value_node, f"alpha (a significance level) must be between 0 and 1, got {value}")
         values[key] = value
     return Tolerances(**values)
 
 
 def _positive(check, nodes, raw, key):
-    if key in raw and raw[key] < 1:
-        check.fail(nodes[key][1], f"{key} must be a positive integer, got {raw[key]}")
+    if key in raw and not 1 <= raw[key] <= MAX_COUNT:
+        check.fail(nodes[key][1], f"{key} must be a positive integer up to {MAX_COUNT}, got {raw[key]}")
 
 
 def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
@@ -148,11 +170,17 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
     k = raw.get("num_speculative_tokens", 3)
     if not 1 <= k <= 32:
         check.fail(node("num_speculative_tokens"), f"num_speculative_tokens must be in 1..32, got {k}")
-    if raw.get("temperature", 0.0) < 0:
-        check.fail(node("temperature"), f"temperature must be >= 0, got {raw['temperature']}")
+    if not 0 <= raw.get("temperature", 0.0) <= 1e4:      # also refuses NaN and infinity
+        check.fail(node("temperature"), f"temperature must be a number in 0..10000, got {raw['temperature']}")
+    if not 0 <= raw.get("seed", 0) <= MAX_SEED:
+        check.fail(node("seed"), f"seed must be an integer in 0..2**63-1, got {raw['seed']}")
+    if "name" in raw and (not raw["name"].strip() or not raw["name"].isprintable() or len(raw["name"]) > 200):
+        check.fail(node("name"), f"name must be 1 to 200 printable characters, got {show(raw['name'])}")
 
-    prompts_path = (path.parent / raw["prompts"]).resolve()
-    prompts = _read_prompts(check, node("prompts"), prompts_path)
+    prompts_path = _prompts_path(check, node("prompts"), path, raw["prompts"])
+    if not is_file(prompts_path):
+        check.fail(node("prompts"), f"prompts file {prompts_path} not found")
+    prompts = read_prompts(prompts_path)
     num_requests = raw.get("num_requests", len(prompts))
 
     arrivals = _arrivals(check, node("arrivals"), raw.get("arrivals", [0]), num_requests)
@@ -172,14 +200,22 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
         sliding_window_layers=window_layers, tolerances=raw.get("tolerances", Tolerances()), **values)
 
 
+def _step(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
 def _arrivals(check: _Checker, node, arrivals, num_requests: int) -> list[int]:
-    if isinstance(arrivals, dict) and set(arrivals) == {"every"} and isinstance(arrivals["every"], int) \
-            and arrivals["every"] >= 0:
+    """One engine step per request; `[s]` means every request arrives at step s; `{every: N}` staggers them."""
+    if isinstance(arrivals, dict) and set(arrivals) == {"every"} and _step(arrivals["every"]):
         arrivals = [i * arrivals["every"] for i in range(num_requests)]
-    if not isinstance(arrivals, list) or not arrivals or not all(
-            isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in arrivals):
-        check.fail(node, "arrivals must be a list of engine steps >= 0 or {every: N}")
-    return [arrivals[i] if i < len(arrivals) else arrivals[-1] for i in range(num_requests)]
+    if not isinstance(arrivals, list) or not arrivals or not all(_step(a) for a in arrivals):
+        check.fail(node, f"arrivals must be a list of engine steps in 0..{MAX_COUNT} or {{every: N}}")
+    if len(arrivals) == 1:
+        return arrivals * num_requests
+    if len(arrivals) != num_requests:
+        check.fail(node, f"arrivals lists {len(arrivals)} steps for {num_requests} requests: give one step per "
+                         f"request, one step for all ([0]: all at once), or {{every: N}}")
+    return arrivals
 
 
 def _capture_sizes(check: _Checker, node, sizes) -> tuple[int, ...] | None:
@@ -187,10 +223,10 @@ def _capture_sizes(check: _Checker, node, sizes) -> tuple[int, ...] | None:
         return None
     if not isinstance(sizes, list) or not sizes:
         check.fail(node, "capture_sizes must be a non-empty list of positive integers")
-    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
-        check.fail(node, f"capture_sizes must be positive integers, got {sizes}")
+    if not all(_step(s) and s >= 1 for s in sizes):
+        check.fail(node, f"capture_sizes must be positive integers up to {MAX_COUNT}, got {show(sizes)}")
     if sizes != sorted(set(sizes)):
-        check.fail(node, f"capture_sizes must be strictly increasing, got {sizes}")
+        check.fail(node, f"capture_sizes must be strictly increasing, got {show(sizes)}")
     return tuple(sizes)
 
 
@@ -201,34 +237,23 @@ def _modes(check: _Checker, node, raw: dict) -> list[str]:
     if not isinstance(modes, list) or not modes:
         check.fail(node("modes"), "modes must be a non-empty list of mode names")
     for m in modes + ([raw["drafter_mode"]] if "drafter_mode" in raw else []):
-        if m not in MODES:
+        if not isinstance(m, str) or m not in MODES:
             check.fail(node("modes") if m in modes else node("drafter_mode"),
-                       f"unknown mode {m!r} (known: {', '.join(MODES)})")
+                       f"unknown mode {show(m)} (known: {', '.join(MODES)})")
     return modes
 
 
 def _window(check: _Checker, node, sw) -> tuple[int, tuple[int, ...]]:
     if sw is None:
         return 0, ()
-    if not (isinstance(sw, dict) and set(sw) == {"size", "layers"} and isinstance(sw["size"], int)
-            and sw["size"] >= 1 and isinstance(sw["layers"], list)
-            and all(isinstance(x, int) and x >= 0 for x in sw["layers"])):
+    if not (isinstance(sw, dict) and set(sw) == {"size", "layers"} and _step(sw["size"])
+            and sw["size"] >= 1 and isinstance(sw["layers"], list) and all(_step(x) for x in sw["layers"])):
         check.fail(node, "sliding_window must be {size: N >= 1, layers: [layer indices]}")
     return sw["size"], tuple(sw["layers"])
 
 
-def _read_prompts(check: _Checker, node, path: Path) -> list[tuple[str, str]]:
-    if not path.is_file():
-        check.fail(node, f"prompts file {path} not found")
-    prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-            prompts.append((str(item.get("id", f"p{len(prompts)}")), str(item["text"])))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError):
-            raise ParityInputError(f"{path}:{number}: expected a JSON object with a 'text' field") from None
-    if not prompts:
-        raise ParityInputError(f"{path}:1: the prompt set is empty")
-    return prompts
+def _prompts_path(check: _Checker, node, scenario_path: Path, name: str) -> Path:
+    try:
+        return (scenario_path.parent / name).resolve()
+    except (OSError, ValueError, RuntimeError):     # NUL bytes, symlink loops
+        check.fail(node, f"prompts: {show(name)} is not a usable path")

@@ -21,8 +21,8 @@ from parity.graphs.modes import EAGER, MODES
 from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
 from parity.harness.release import Stopwatch, measured
-from parity.harness.request import (RunRequest, load_request_pair, load_request_scenario, resolve_backend,
-                                    resolve_modes)
+from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
+                                    resolve_backend, resolve_modes)
 from parity.harness.scenario import Scenario
 
 
@@ -62,6 +62,7 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
     first = next(iter(diagnoses.values()), None)
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
                             device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
+                            **checkpoint_paths(pair),
                             diagnosis=first)
     summary["diagnoses"] = diagnoses
     summary["memory_plan"] = plan.as_dict() if plan is not None else None

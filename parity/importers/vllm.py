@@ -27,6 +27,7 @@ from parity.analysis.sources import AcceptanceRecord, from_rates, with_num_draft
 from parity.errors import ParityInputError
 
 PREFIX = "vllm:spec_decode_"
+MAX_COUNT = 1 << 53     # above this a float counter is no longer an exact count (and the statistics overflow)
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -78,8 +79,8 @@ def parse_prometheus(text: str, source: str = "<metrics>") -> AcceptanceRecord:
             value = float(m.group(3))
         except ValueError:
             raise ParityInputError(f"{where}: value {m.group(3)!r} is not a number") from None
-        if not math.isfinite(value) or value < 0:
-            raise ParityInputError(f"{where}: counter value {value} is not a finite count >= 0")
+        if not math.isfinite(value) or not 0 <= value <= MAX_COUNT:
+            raise ParityInputError(f"{where}: counter value {value} is not a count in 0..2**53")
         if counter == "num_accepted_tokens_per_pos":
             if not labels.get("position", "").isdigit():
                 raise ParityInputError(f"{where}: per-position counter without a numeric position label")
@@ -132,6 +133,8 @@ def parse_example_output(text: str, source: str = "<text>", num_drafts: int | No
             length = float(m.group(1))
         elif m := _COUNT.search(line):
             counts[m.group(1)] = float(m.group(2))
+    if length is not None and not math.isfinite(length):
+        raise ParityInputError(f"{source}: mean acceptance length {length} is not a finite number")
     if not rates:
         raise ParityInputError(f"{source}: no 'acceptance at token i: rate' lines (neither vLLM's printed "
                                f"acceptance nor Prometheus metrics)")
@@ -146,6 +149,8 @@ def parse_example_output(text: str, source: str = "<text>", num_drafts: int | No
     printed = counts.get("num_drafts")
     if printed is not None and printed <= 0:
         raise ParityInputError(f"{source}: num_drafts is 0: no drafts were made")
+    if printed is not None and not printed <= MAX_COUNT:
+        raise ParityInputError(f"{source}: num_drafts {printed} is not a count in 1..2**53")
     drafts = num_drafts if num_drafts is not None else (round(printed) if printed is not None else None)
     return with_num_drafts(record, drafts) if drafts is not None else record
 
@@ -162,8 +167,8 @@ def detect_format(text: str) -> str:
 def load_vllm(path: str | Path, num_drafts: int | None = None, fmt: str = "auto") -> AcceptanceRecord:
     """Read one vLLM acceptance file; `num_drafts` gives counts to a rates-only record."""
     path = Path(path)
-    if num_drafts is not None and num_drafts < 1:
-        raise ParityInputError(f"--num-drafts must be >= 1, got {num_drafts}")
+    if num_drafts is not None and not 1 <= num_drafts <= MAX_COUNT:
+        raise ParityInputError(f"--num-drafts must be in 1..2**53, got {num_drafts}")
     try:
         text = path.read_text()
     except FileNotFoundError:

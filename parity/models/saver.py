@@ -14,7 +14,8 @@ from parity.models.llama import TargetModel
 from parity.models.loader import TOKENIZER_KEYS
 
 
-def _config_dict(config: LlamaConfig, dtype: torch.dtype) -> dict:
+def config_dict(config: LlamaConfig, dtype: torch.dtype) -> dict:
+    """config.json's content for `config` with weights in `dtype` (the synthetic pairs write theirs with it)."""
     raw = config.to_diff_dict()
     raw = {k: v for k, v in raw.items() if not k.startswith("_")}
     raw["architectures"] = ["LlamaForCausalLM"]
@@ -51,7 +52,7 @@ def save_target(target: TargetModel, tokenizer, out_dir) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model = target.hf
     dtype = next(model.parameters()).dtype
-    (out_dir / "config.json").write_text(json.dumps(_config_dict(model.config, dtype), indent=2, sort_keys=True) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(config_dict(model.config, dtype), indent=2, sort_keys=True) + "\n")
     state = {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -83,7 +84,7 @@ def save_eagle1(head: Eagle1Head, out_dir) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = head.fc.weight.dtype
-    (out_dir / "config.json").write_text(json.dumps(_config_dict(head.config, dtype), indent=2, sort_keys=True) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(config_dict(head.config, dtype), indent=2, sort_keys=True) + "\n")
     _save_tensors(head.head_state_dict(), out_dir)
 
 
@@ -92,7 +93,7 @@ def save_eagle3(head: Eagle3Head, out_dir) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = head.fc.weight.dtype
-    raw = _config_dict(head.config, dtype)
+    raw = config_dict(head.config, dtype)
     raw["architectures"] = ["LlamaForCausalLMEagle3"]
     raw["draft_vocab_size"] = head.lm_head.proj.weight.shape[0]
     (out_dir / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")

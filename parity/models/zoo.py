@@ -2,7 +2,8 @@
 
 Embedded pairs live under parity/assets/. Real pairs come from a path given on
 the command line, an environment variable, or the local Hugging Face cache;
-nothing is ever downloaded.
+`local` is whatever --target-path/--draft-path name (e.g. a `parity models
+synth` pair). Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from parity.errors import ParityInputError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_MODEL = "tiny-llama3-eagle"
+LOCAL_MODEL = "local"
 
 
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
-    head: str                 # "eagle1" or "eagle3"
+    head: str                 # "eagle1", "eagle3", or "any" (local: read from the checkpoint)
     target_repo: str          # a Hugging Face repo id, or the embedded folder
     draft_repo: str
     embedded: bool
@@ -37,6 +39,9 @@ ZOO: dict[str, ModelEntry] = {e.name: e for e in [
                False, "Llama-3-8B-Instruct + EAGLE-1 head"),
     ModelEntry("llama3.1-eagle3", "eagle3", "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
                False, "Llama-3.1-8B-Instruct + EAGLE-3 head"),
+    ModelEntry(LOCAL_MODEL, "any", "--target-path DIR", "--draft-path DIR", False,
+               "the checkpoints in two local folders (e.g. from `parity models synth`); architecture and head "
+               "layout are read from their config.json and weights"),
 ]}
 
 
@@ -74,16 +79,45 @@ def _env_name(entry: ModelEntry, role: str) -> str:
     return "PARITY_" + entry.name.upper().replace("-", "_").replace(".", "_") + f"_{role.upper()}_PATH"
 
 
+def check_model_paths(name: str, target_path: str | None, draft_path: str | None) -> None:
+    """Refuse paths an embedded model would ignore, and `local` without both paths (exit 2, one line)."""
+    entry = get_entry(name)
+    given = [flag for flag, path in (("--target-path", target_path), ("--draft-path", draft_path)) if path]
+    if entry.embedded and given:
+        them, paths = ("them", "paths") if len(given) > 1 else ("it", "path")
+        raise ParityInputError(f"{' and '.join(given)} given with the embedded model {name!r}, which would ignore "
+                               f"{them}: add `--model {LOCAL_MODEL}` to run those checkpoints (or drop the {paths})")
+    missing = [flag for flag, path in (("--target-path", target_path), ("--draft-path", draft_path)) if not path]
+    if name == LOCAL_MODEL and missing:
+        raise ParityInputError(f"--model {LOCAL_MODEL} needs both --target-path DIR and --draft-path DIR "
+                               f"(missing {' and '.join(missing)})")
+
+
+def _local_paths(target_path: str, draft_path: str) -> tuple[Path, Path]:
+    found = []
+    for flag, path in (("--target-path", target_path), ("--draft-path", draft_path)):
+        if not (Path(path) / "config.json").is_file():
+            raise ParityInputError(f"{LOCAL_MODEL}: {flag} {path} holds no config.json (expected a Hugging Face "
+                                   f"checkpoint folder)")
+        found.append(Path(path))
+    return found[0], found[1]
+
+
 def resolve_paths(name: str, target_path: str | None = None, draft_path: str | None = None) -> tuple[Path, Path]:
     """Directories of the target and the draft head for `name`, or exit-2 errors saying what to do.
 
-    Each comes from, in order: the command-line path, the environment variable,
-    the local Hugging Face cache (never the network). A path given explicitly
-    (flag or variable) that holds no config.json is an error of its own.
+    Embedded pairs: their asset folders (paths are refused, not ignored). `local`:
+    the two paths, both required. Real pairs: each comes from, in order, the
+    command-line path, the environment variable, the local Hugging Face cache
+    (never the network). A path given explicitly (flag or variable) that holds
+    no config.json is an error of its own.
     """
     entry = get_entry(name)
+    check_model_paths(name, target_path, draft_path)
     if entry.embedded:
         return ASSETS / entry.target_repo, ASSETS / entry.draft_repo
+    if name == LOCAL_MODEL:
+        return _local_paths(target_path, draft_path)
     found, missing = [], []
     for role, repo, given, flag in (("target", entry.target_repo, target_path, "--target-path"),
                                     ("draft", entry.draft_repo, draft_path, "--draft-path")):
@@ -111,8 +145,10 @@ def resolve_paths(name: str, target_path: str | None = None, draft_path: str | N
 
 
 def availability(name: str) -> str:
-    """'embedded', 'local' or 'missing' for `parity models list`."""
+    """'embedded', 'local', 'missing', or 'by path' (the `local` model) for `parity models list`."""
     entry = get_entry(name)
+    if name == LOCAL_MODEL:
+        return "by path"
     if entry.embedded:
         return "embedded" if (ASSETS / entry.target_repo / "config.json").is_file() else "missing"
     try:

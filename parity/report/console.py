@@ -110,11 +110,19 @@ def verdict_line(summary: dict) -> Text:
                 f"{verdict_words(summary)}", style=style)
 
 
+def checkpoint_lines(summary: dict) -> list[Text]:
+    """The folders and checksum a run loaded, for pairs given by path (embedded pairs have none)."""
+    if not summary.get("target_path"):
+        return []
+    return [Text(f"target {summary['target_path']}", style="dim"),
+            Text(f"draft  {summary.get('draft_path')}  ·  checksum {summary.get('model_checksum')}", style="dim")]
+
+
 def render(summary: dict, console: Console | None = None, diagnosis_panel=None) -> None:
     console = console or Console()
     header = Text(f"{summary['model']}  ·  {summary['scenario']}  ·  backend {summary['backend']}  ·  "
                   f"T={summary['temperature']}  ·  seed {summary['seed']}", style="dim")
-    parts = [header, acceptance_table(summary), *divergence_panels(summary)]
+    parts = [header, *checkpoint_lines(summary), acceptance_table(summary), *divergence_panels(summary)]
     numerics = numerics_panel(summary)
     if numerics is not None:
         parts.append(numerics)

@@ -1,0 +1,166 @@
+"""Synthetic pairs: the shapes `parity models synth` builds and the layouts it writes.
+
+One place for both, so the builder, its tests and docs/models.md agree:
+- shapes: published Llama-3 configurations (`llama3-8b` = Meta-Llama-3-8B,
+  `llama3-1b` = Llama-3.2-1B) and a `tiny` one that builds in seconds on a CPU;
+- layouts: a pair folder `OUT/` holding `target/` (a Hugging Face
+  LlamaForCausalLM folder: config.json, safetensors shards + index when large,
+  tokenizer files) and `eagle1/` or `eagle3/` (the head in its published layout,
+  see loader.py), plus `synth_info.json`; the config dicts of all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from parity.errors import ParityInputError
+
+HEADS = ("eagle1", "eagle3")
+TARGET_FOLDER = "target"
+INFO_FILE = "synth_info.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICES = ("auto", "cpu", "cuda")
+# The tokenizer's special tokens (parity/assets/tiny-llama3-eagle's word-level vocabulary).
+BOS_ID, EOS_ID = 1, 2
+
+
+@dataclass(frozen=True)
+class SynthShape:
+    """A Llama-3 architecture at one size, and the EAGLE-3 choices that go with it."""
+
+    name: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    draft_vocab_size: int                 # EAGLE-3 draft vocabulary = the shape's frequent tokens
+    eagle3_aux_layers: tuple[int, ...]    # hidden states entering these target layers feed EAGLE-3's fc
+    description: str
+    rope_theta: float = 500000.0
+    rope_scaling: tuple[tuple[str, float], ...] = ()   # Llama-3.1+ "llama3" frequency scaling, as pairs
+    rms_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for field in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                      "intermediate_size", "vocab_size", "max_position_embeddings", "draft_vocab_size"):
+            if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
+                raise ValueError(f"shape {self.name}: {field} must be a positive integer")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"shape {self.name}: attention heads must be a multiple of KV heads")
+        # NOTE: the synthetic EAGLE-3 head carries the token embedding through its
+        # attention's value path (synth_weights.eagle3_state), which needs all h dims.
+        if self.num_attention_heads * self.head_dim != self.hidden_size:
+            raise ValueError(f"shape {self.name}: heads x head_dim must equal hidden_size")
+        if not self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"shape {self.name}: draft_vocab_size exceeds vocab_size")
+        if len(self.eagle3_aux_layers) != 3 or not all(0 <= i <= self.num_hidden_layers
+                                                       for i in self.eagle3_aux_layers):
+            raise ValueError(f"shape {self.name}: eagle3_aux_layers must be 3 ids in 0..{self.num_hidden_layers}")
+
+
+LLAMA3_SCALING = (("factor", 32.0), ("low_freq_factor", 1.0), ("high_freq_factor", 4.0),
+                  ("original_max_position_embeddings", 8192))
+
+SHAPES: dict[str, SynthShape] = {s.name: s for s in [
+    SynthShape("llama3-8b", num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+               head_dim=128, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
+               max_position_embeddings=8192, draft_vocab_size=32000, eagle3_aux_layers=(2, 16, 29),
+               description="Meta-Llama-3-8B (8.0B parameters, untied embeddings)"),
+    SynthShape("llama3-1b", num_hidden_layers=16, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+               head_dim=64, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True,
+               max_position_embeddings=131072, draft_vocab_size=32000, eagle3_aux_layers=(2, 8, 13),
+               rope_scaling=LLAMA3_SCALING, description="Llama-3.2-1B (1.2B parameters, tied embeddings)"),
+    SynthShape("tiny", num_hidden_layers=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=32, intermediate_size=384, vocab_size=512, tie_word_embeddings=False,
+               max_position_embeddings=2048, draft_vocab_size=256, eagle3_aux_layers=(0, 1, 2),
+               description="2 layers, hidden 128, vocab 512: builds and calibrates in seconds on a CPU"),
+]}
+
+
+@dataclass(frozen=True)
+class SynthRequest:
+    """What `parity models synth` was asked for, validated once."""
+
+    shape: str
+    head: str
+    acceptance: float
+    dtype: str
+    out: str
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ParityInputError(f"unknown shape {self.shape!r}; known shapes: {', '.join(SHAPES)}")
+        if self.head not in HEADS:
+            raise ParityInputError(f"unknown head {self.head!r}; known heads: {', '.join(HEADS)}")
+        if not isinstance(self.acceptance, (int, float)) or not 0.0 < self.acceptance < 1.0:
+            raise ParityInputError(f"--acceptance must be strictly between 0 and 1, got {self.acceptance!r}")
+        if self.dtype not in DTYPES:
+            raise ParityInputError(f"unknown dtype {self.dtype!r}; known dtypes: {', '.join(DTYPES)}")
+        if self.device not in DEVICES:
+            raise ParityInputError(f"unknown device {self.device!r}; use one of {', '.join(DEVICES)}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ParityInputError(f"--seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def spec(self) -> SynthShape:
+        return SHAPES[self.shape]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def torch_device(self) -> torch.device:
+        """The device weights are generated and calibrated on (auto: CUDA when present)."""
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ParityInputError("--device cuda: CUDA is not available on this machine (use cpu or auto)")
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+def _rope(shape: SynthShape) -> dict:
+    rope = {"rope_type": "llama3" if shape.rope_scaling else "default", "rope_theta": shape.rope_theta}
+    rope.update(dict(shape.rope_scaling))
+    return rope
+
+
+def target_config(shape: SynthShape) -> dict:
+    """config.json of the target: a LlamaForCausalLM of `shape` (dtype is added when written)."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "num_hidden_layers": shape.num_hidden_layers, "hidden_size": shape.hidden_size,
+        "num_attention_heads": shape.num_attention_heads, "num_key_value_heads": shape.num_key_value_heads,
+        "head_dim": shape.head_dim, "intermediate_size": shape.intermediate_size, "vocab_size": shape.vocab_size,
+        "tie_word_embeddings": shape.tie_word_embeddings, "max_position_embeddings": shape.max_position_embeddings,
+        "rms_norm_eps": shape.rms_norm_eps, "rope_parameters": _rope(shape), "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
+        "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
+    }
+
+
+def head_config(shape: SynthShape, head: str) -> dict:
+    """config.json of the draft head in the published layout of `head`.
+
+    EAGLE-1 (yuhuili/EAGLE-LLaMA3-Instruct-8B): the target's config with one layer.
+    EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): one layer, `draft_vocab_size`,
+    the aux layer ids, and two synthetic choices (see synth_weights.eagle3_state):
+    no GQA in the head's layer (its values carry the whole token embedding) and
+    `norm_before_residual` (the residual is the normed hidden input, as in
+    speculators' checkpoints), so the draft of each step follows its own token.
+    """
+    config = {**target_config(shape), "num_hidden_layers": 1, "tie_word_embeddings": False}
+    if head == "eagle1":
+        return config
+    return {**config, "architectures": ["LlamaForCausalLMEagle3"],
+            "num_key_value_heads": shape.num_attention_heads, "draft_vocab_size": shape.draft_vocab_size,
+            "target_hidden_size": shape.hidden_size, "norm_before_residual": True,
+            "eagle_aux_hidden_state_layer_ids": list(shape.eagle3_aux_layers)}
