@@ -112,14 +112,14 @@ def test_over_budget_8b_exits_2_in_one_line_before_loading(tmp_path, monkeypatch
     target, draft = _pair_folder(tmp_path)
     _never_load(monkeypatch)
     out = tmp_path / "run"
-    code = main(["run", "--model", "llama3-eagle", "--target-path", str(target), "--draft-path", str(draft),
+    code = main(["run", "--model", "local", "--target-path", str(target), "--draft-path", str(draft),
                  "--dtype", "bfloat16", "--scenario", str(_big_scenario(tmp_path)), "--device-memory", "40",
                  "--quiet", "--out", str(out)])
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert code == 2 and len(lines) == 1, captured.err
     line = lines[0]
-    assert line.startswith("parity: error: memory plan: the piecewise run of llama3-eagle in bfloat16 needs")
+    assert line.startswith("parity: error: memory plan: the piecewise run of local in bfloat16 needs")
     assert "weights 15.4" in line and "--device-memory 40 GiB is 40.0 GiB" in line
     assert "lower max_num_batched_tokens (16384) or capture_sizes (largest 16384)" in line
     assert "leave out --modes" in line and not out.exists() and captured.out == ""
@@ -129,11 +129,11 @@ def test_plan_prints_the_table_and_exits_2_when_it_does_not_fit(tmp_path, monkey
     monkeypatch.setenv("COLUMNS", "120")
     target, draft = _pair_folder(tmp_path)
     _never_load(monkeypatch)
-    args = ["run", "--plan", "--model", "llama3-eagle", "--target-path", str(target), "--draft-path", str(draft),
+    args = ["run", "--plan", "--model", "local", "--target-path", str(target), "--draft-path", str(draft),
             "--dtype", "bfloat16", "--scenario", str(_big_scenario(tmp_path))]
     assert main(args + ["--device-memory", "40"]) == 2
     captured = capsys.readouterr()
-    assert "memory plan · llama3-eagle · bfloat16" in captured.out and "DOES NOT FIT" in captured.out
+    assert "memory plan · local · bfloat16" in captured.out and "DOES NOT FIT" in captured.out
     assert len(captured.err.strip().splitlines()) == 1
     assert main(args + ["--device-memory", "80", "--modes", "full"]) == 0
     captured = capsys.readouterr()
