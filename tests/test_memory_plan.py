@@ -45,25 +45,34 @@ def tiny():
     return load_pair("tiny-llama3-eagle")
 
 
-def tiny_plan(scenario, modes=MODES):
-    return make_plan(memory._config(TINY / "target"), memory._config(TINY / "eagle"), torch.float32, scenario, modes)
+def tiny_plan(scenario, modes=MODES, pair=None):
+    target, draft = (pair.target_dir, pair.draft_dir) if pair is not None else (TINY / "target", TINY / "eagle")
+    return make_plan(memory._config(target), memory._config(draft), torch.float32, scenario, modes)
+
+
+@pytest.fixture(scope="module")
+def tiny3():
+    return load_pair("tiny-llama3-eagle3")
 
 
 @pytest.mark.parametrize("name", ["default", "long-context", "s001-multistep-draft", "long-context-8k"])
-def test_kv_cache_and_buffers_are_exactly_what_the_engine_allocates(tiny, name):
+@pytest.mark.parametrize("head", ["eagle1", "eagle3"])
+def test_kv_cache_and_buffers_are_exactly_what_the_engine_allocates(tiny, tiny3, name, head):
     scenario = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
-    plan = tiny_plan(scenario, ("eager",)).modes["eager"]
-    engine = SpecDecodeEngine(tiny.target, tiny.head, engine_config(scenario))
+    pair = tiny if head == "eagle1" else tiny3
+    plan = tiny_plan(scenario, ("eager",), pair).modes["eager"]
+    engine = SpecDecodeEngine(pair.target, pair.head, engine_config(scenario))
     kv = sum(t.nbytes for o in engine.owners() for t in o.kv_cache.tensors())
     buffers = sum(t.nbytes for o in engine.owners() for _, t in o.buffers.items())
     assert (plan.kv_cache, plan.buffers) == (kv, buffers)
 
 
-def test_weights_are_the_parameters_bytes(tiny):
-    unique = {t.data_ptr(): t.nbytes for m in (tiny.target, tiny.head) for t in m.parameters()}
-    weights = tiny_plan(load_scenario(ROOT / "scenarios/default.yaml")).weights
-    h = tiny.target.config.hidden_size
-    assert weights - sum(unique.values()) in (0, h * 4), "exact, up to the EAGLE-1 fc bias the count allows for"
+def test_weights_are_the_parameters_bytes(tiny, tiny3):
+    for pair in (tiny, tiny3):
+        unique = {t.data_ptr(): t.nbytes for m in (pair.target, pair.head) for t in m.parameters()}
+        weights = tiny_plan(load_scenario(ROOT / "scenarios/default.yaml"), pair=pair).weights
+        h = pair.target.config.hidden_size
+        assert weights - sum(unique.values()) in (0, h * 4), "exact, up to the EAGLE-1 fc bias the count allows"
 
 
 def test_graph_count_is_what_capture_makes(tiny):

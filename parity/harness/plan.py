@@ -150,8 +150,9 @@ class _Shapes:
     def __init__(self, target: dict, head: dict, itemsize: int, cfg):
         self.eagle3 = "draft_vocab_size" in head or "Eagle3" in " ".join(map(str, head.get("architectures") or []))
         self.t = Dims.of(target)
-        self.h = Dims.of(head, layers=head.get("num_hidden_layers", 1),
-                         vocab=(head.get("draft_vocab_size") if self.eagle3 else None) or target["vocab_size"])
+        # NOTE: an EAGLE-3 head's logits come out in the target vocabulary (its draft ids scattered
+        # through d2t), so its sampling and the drafter's buffers are target-vocabulary wide too.
+        self.h = Dims.of(head, layers=head.get("num_hidden_layers", 1), vocab=target["vocab_size"])
         self.s = itemsize
         self.geometry = Geometry(cfg.block_size, cfg.max_model_len, cfg.blocks_per_seq)
         self.aux = 3 * self.t.hidden if self.eagle3 else 0
