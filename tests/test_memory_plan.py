@@ -163,3 +163,11 @@ def test_the_loader_reserves_the_scenarios_kv_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(pair_module, "check_memory", lambda *a, **k: seen.append(a[5]) or real(*a, **k))
     assert main(["run", "--modes", "eager", "--quiet", "--no-bisect", "--out", str(tmp_path / "r")]) == 0
     assert seen == [4 * 16 * 16]      # max_num_seqs x blocks_per_seq x block_size of scenarios/default.yaml
+
+
+def test_capture_sizes_all_above_the_token_budget(tmp_path):
+    """No token-keyed graph at all (found by make fuzz): the plan still sizes every mode."""
+    scenario = dataclasses.replace(load_scenario(ROOT / "scenarios/default.yaml"), capture_sizes=(256,))
+    plan = tiny_plan(scenario)
+    assert plan.knobs["largest_capture_size"] == 0 and plan.modes["piecewise"].graphs == 0
+    assert plan.modes["full"].graphs > 0, "uniform decode graphs are keyed by requests, not by these sizes"

@@ -138,7 +138,7 @@ def make_plan(target: dict, head: dict, dtype: torch.dtype, scenario, modes, mod
                               policy_shared_pool or scenario.shared_drafter_pool) for mode in modes}
     knobs = {"scenario": scenario.path, "max_num_batched_tokens": cfg.max_num_batched_tokens,
              "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs,
-             "largest_capture_size": max(s_ for s_ in sizes if s_ <= cfg.max_num_batched_tokens)}
+             "largest_capture_size": max((s_ for s_ in sizes if s_ <= cfg.max_num_batched_tokens), default=0)}
     weights = (memory.target_params(target) + memory.head_params(head)) * s
     return MemoryPlan(model, str(dtype).removeprefix("torch."), weights, plans, knobs,
                       notes=["padded references run eagerly at padded shapes: they need no more than eager"])
