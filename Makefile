@@ -15,7 +15,7 @@ OUT      ?=
 TORCH_CPU_VERSION ?= 2.13.0
 FUZZ_SECONDS ?= 300
 
-.PHONY: parity test test-gpu bench gate models clean help fuzz
+.PHONY: parity test test-gpu bench gate models bugs clean help fuzz
 
 help:
 	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=$(SCENARIO)] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench       side-by-side latency ratios"
 	@echo "make models      rebuild the embedded tiny pair under parity/assets/"
 	@echo "make fuzz        fuzz every input kind for FUZZ_SECONDS=$(FUZZ_SECONDS) s; prints examples and failures"
+	@echo "make bugs [BACKEND=emulated|cuda] [BUGS='id ...']  grade the bisector on the second bug corpus (docs/bugs.md)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -51,6 +52,13 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m parity bench
+
+# The second bug corpus (docs/bugs.md): each patch under tests/bugs/corpus/ applied to a copy of
+# this tree and run through `parity run`; BACKEND=auto (the default) grades on the emulated backend.
+BUGS ?=
+BUGS_BACKEND = $(if $(filter auto,$(BACKEND)),emulated,$(BACKEND))
+bugs: $(STAMP)
+	$(PY) -m tests.bugs.grade --backend $(BUGS_BACKEND) $(if $(BUGS),--only $(BUGS),)
 
 models: $(STAMP)
 	$(PY) -m parity models build

@@ -29,7 +29,7 @@ import pytest
 
 from parity.engine.parts import EngineParts
 from parity.faults.catalog import FAULTS
-from parity.faults.mutations import MUTATIONS, apply
+from parity.faults.seam import MUTATIONS, apply
 from parity.graphs.policy import CapturePolicy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.faults.mutations import apply
+from parity.faults.seam import apply
 from parity.graphs.modes import MODES
 from parity.harness.modes import run_modes
 from parity.harness.plan import plan_pair

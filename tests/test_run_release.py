@@ -20,7 +20,7 @@ import parity.harness.modes as harness_modes
 from parity.cli import main
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import OutOfDeviceMemory
-from parity.faults.mutations import apply
+from parity.faults.seam import apply
 from parity.graphs.capture import CapturedGraph
 from parity.graphs.manager import GraphExecutor
 from parity.harness.modes import run_mode, run_modes

@@ -24,7 +24,7 @@ from parity.analysis.reference_parity import reference_parity
 from parity.cli import main
 from parity.engine.parts import EngineParts
 from parity.engine.spec_decode import SpecDecodeEngine
-from parity.faults.mutations import apply
+from parity.faults.seam import apply
 from parity.harness.request import RunRequest
 from parity.harness.session import run_session
 from parity.harness.simulated_numerics import simulate_padding_numerics

@@ -22,6 +22,7 @@ from parity.analysis.numerics import Numerics, numerics, stream_splits
 from parity.analysis.reference_parity import ReferenceParity, describe, reference_parity
 
 EAGER = "eager"
+NOT_EXERCISED = "not_exercised"
 
 
 @dataclass
@@ -133,4 +134,8 @@ def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
         reference = (name, references[name].result) if name is not None else None
         out[mode] = compare_mode(mode, eager, run.result, k, alpha, tol.acceptance_min_effect, reference,
                                  numbers.get(name))
+        if mode != EAGER and not getattr(run, "graph_replays", None):
+            # A graph mode whose forwards all ran eagerly proves nothing about graphs.
+            out[mode].verdict = NOT_EXERCISED
+            out[mode].reasons.append("no forward replayed a graph (every batch ran eagerly): not exercised")
     return out

@@ -28,7 +28,8 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
     """
     modes = {mode: mode_summary(cmp, runs.runs[mode]) for mode, cmp in comparisons.items()}
     divergences = {mode: divergence_summary(cmp, tokenizer) for mode, cmp in comparisons.items() if cmp.divergences}
-    verdict = "drift" if any(m["verdict"] == "drift" for m in modes.values()) else "pass"
+    verdicts = {m["verdict"] for m in modes.values()}
+    verdict = "drift" if "drift" in verdicts else ("not_exercised" if "not_exercised" in verdicts else "pass")
     return {
         "schema_version": SCHEMA_VERSION,
         "tool_version": parity.__version__,
@@ -80,6 +81,7 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
         "num_output_tokens": int(len(run.result.tokens)),
         "forwards_by_runtime_mode": {str(k): int(v) for k, v in forwards.groupby("runtime_mode").size().items()},
         "capture": run.capture,
+        "graph_replays": run.graph_replays,
         "memory": getattr(run, "memory", None),     # CUDA: baseline, peak and leftover bytes of the run
         "timing": getattr(run, "timing", None),
         "reference": reference_summary(cmp),

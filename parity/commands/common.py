@@ -9,7 +9,7 @@ from rich.console import Console
 
 from parity.errors import ParityInputError
 from parity.faults.catalog import resolve_faults
-from parity.faults.mutations import apply
+from parity.faults.seam import apply
 from parity.harness.request import RunRequest
 from parity.harness.simulated_numerics import simulate_padding_numerics
 from parity.models.zoo import check_model_paths

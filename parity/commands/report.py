@@ -51,7 +51,7 @@ def main(args) -> int:
         sys.stdout.write(render_markdown(summary))
     else:
         render(summary, console=console(), diagnosis_panel=diagnoses_view(summary))
-    return EXIT_DRIFT if summary.get("verdict") == "drift" else EXIT_PASS
+    return EXIT_PASS if summary.get("verdict") == "pass" else EXIT_DRIFT
 
 
 def load_summary(folder: Path) -> dict:

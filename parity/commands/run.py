@@ -36,4 +36,4 @@ def main(args) -> int:
     out_dir = save_run(args, summary, outcome.runs, outcome.scenario.name)
     render(summary, diagnosis_panel=diagnoses_view(summary))
     print(f"artifacts: {out_dir}")
-    return EXIT_DRIFT if summary["verdict"] == "drift" else EXIT_PASS
+    return EXIT_PASS if summary["verdict"] == "pass" else EXIT_DRIFT

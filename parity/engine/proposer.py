@@ -160,7 +160,8 @@ class EagleProposer(Owner):
         cfg = self.config
         logits = self.draft_logits(row_hidden, meta)
         tokens = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
-                                        req_ids=b["req_ids"][:n], positions=drafted_positions)
+                                        req_ids=b["req_ids"][:n], positions=self.sampling_positions(drafted_positions,
+                                                                                                    meta))
         probs = rejection.draft_distribution(logits, cfg.temperature)
         all_logprobs = torch.log_softmax(logits, dim=-1)
         logprobs = all_logprobs.gather(1, tokens.unsqueeze(1))
@@ -173,6 +174,10 @@ class EagleProposer(Owner):
         b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
         b["input_ids"][:n].copy_(tokens)
         self.store_hidden(row_hidden, n)
+
+    def sampling_positions(self, drafted_positions: torch.Tensor, meta) -> torch.Tensor:
+        """What keys the draft sampler's random numbers with the request: the drafted positions."""
+        return drafted_positions
 
     def draft_logits(self, row_hidden: torch.Tensor, meta) -> torch.Tensor:
         """The draft distribution's logits for the drafted rows: [n, vocab] fp32."""

@@ -1,9 +1,10 @@
 """The catalog of injectable bugs.
 
 Each fault is a named change to the engine the way a real bug did it
-(`mutations.py`: a subclass overriding one step of one engine part, or a
-capture-policy value); the engine and the harness receive the changed parts,
-never the names: the harness must find a fault the way it finds a user's bug. `manifests_in` lists the modes where the fault shows on its home
+(`seam.py`: a subclass overriding one step of one engine part or of the graph
+runner, or a capture-policy value); the engine and the harness receive the
+changed parts, never the names: the harness must find a fault the way it finds
+a user's bug. `manifests_in` lists the modes where the fault shows on its home
 scenario with the embedded pair (the mutation test checks exactly that, and
 `parity faults list` prints it); the detector never reads it. Some faults can
 show in more modes on other workloads: padding leaks need stale entries that
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, PADDING_LEAK, POOL_ALIAS,
-                                   STALE_BUFFER)
+from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
+                                   NOT_EXERCISED, PADDING_LEAK, POOL_ALIAS, STALE_BUFFER)
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
 
@@ -69,6 +70,22 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("hidden-states-not-copied", STALE_BUFFER, ("hidden_states",), "EagleProposer.store_hidden", "001",
           "default", GRAPH_MODES,
           "the draft hidden-state update is left outside the captured step"),
+    Fault("graph-one-size-up", DESCRIPTOR_MISMATCH, ("descriptor",), "GraphExecutor.entry",
+          "vllm-ascend #14510", "s002-padded-drafter", FULL_MODES,
+          "the graph is looked up with bisect_right on the padded size: a batch replays the next larger graph, "
+          "whose extra rows are phantom requests with stale metadata"),
+    Fault("silent-eager-fallback", NOT_EXERCISED, (), "GraphExecutor.execute", "vLLM #23679", "default",
+          GRAPH_MODES, "the graph key is the dispatch object, never found: every forward silently runs eagerly"),
+    Fault("seq-lens-reallocated", BUFFER_REASSIGNED, ("seq_lens",), "MetadataBuilder.make_view (target)",
+          "vLLM #51994", "default", FULL_MODES,
+          "the builder hands out seq_lens.to(torch.int32): a new tensor every build, an orphan in the graph"),
+    Fault("input-ids-rebound", BUFFER_REASSIGNED, ("input_ids",), "MetadataBuilder.write (target)", "vLLM #17211",
+          "default", GRAPH_MODES,
+          "int32 token ids are stored by rebinding the int64 buffer the graph captured instead of copying into it"),
+    Fault("sampler-offset-frozen", FROZEN_AT_CAPTURE, ("draft_step",), "EagleProposer.sampling_positions",
+          "Megatron-LM #5697", "s005-sampled-drafts", GRAPH_MODES,
+          "the draft sampler's random stream is offset by the host draft step: a graph draws the same random "
+          "numbers on every replay"),
 ]}
 
 

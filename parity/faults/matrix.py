@@ -47,8 +47,9 @@ def matrix_rows(results: dict[str, dict]) -> list[list[str]]:
     for name, summary in results.items():
         row = [name]
         for mode in MODES:
-            if summary["modes"][mode]["verdict"] == "pass":
-                row.append("-")
+            verdict = summary["modes"][mode]["verdict"]
+            if verdict in ("pass", "not_exercised"):
+                row.append("-" if verdict == "pass" else "NOT_EXERCISED")
                 continue
             d = summary.get("diagnoses", {}).get(mode)
             row.append(f"{d['kind']}({','.join(d['buffers'])})" if d else "drift")

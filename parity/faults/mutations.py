@@ -1,10 +1,7 @@
-"""One mutation per catalogued fault: a subclass that overrides one named step, or a policy value.
+"""Mutations of engine parts: mixins over a metadata builder or the proposer, one step each.
 
-Each mutation is a mixin over the production class of one engine part (a
-metadata builder or the proposer); `apply` stacks the mixins of every injected
-fault onto `EngineParts` and `CapturePolicy`, so the engine and the graph
-installer receive classes and policy values, never fault names. A mutation is
-the one-line mistake of its seed report, written where that mistake lives.
+Each is the one-line mistake of its report, written where that mistake lives;
+`seam.py` names them and stacks them onto `EngineParts`.
 """
 
 from __future__ import annotations
@@ -14,8 +11,6 @@ import dataclasses
 import torch
 
 from parity.engine.metadata import AttentionMetadata
-from parity.engine.parts import EngineParts
-from parity.graphs.policy import CapturePolicy
 
 
 class ReassignSeqLens:
@@ -128,38 +123,32 @@ class HiddenStatesNotCopied:
         self.buffers["hidden_states"][:n].copy_(self._last_hidden[:n])
 
 
-@dataclasses.dataclass(frozen=True)
-class Mutation:
-    """Where a fault strikes: a mixin over one engine part, or a capture-policy value."""
+class SeqLensReallocated:
+    """The builder hands out seq_lens as `.to(torch.int32)`, the attention kernel's dtype: a new tensor every
+    build, so a graph reads the one it was captured with forever (vLLM #51994)."""
 
-    parts: tuple[str, ...] = ()        # the EngineParts fields it changes
-    mixin: type | None = None
-    policy: dict = dataclasses.field(default_factory=dict)
-
-
-BUILDERS = ("target_builder", "drafter_builder")
-MUTATIONS: dict[str, Mutation] = {
-    "reassign-seq-lens": Mutation(BUILDERS, ReassignSeqLens),
-    "reassign-query-start-loc": Mutation(("drafter_builder",), ReassignQueryStartLoc),
-    "stale-slot-mapping": Mutation(BUILDERS, StaleSlotMapping),
-    "stale-block-table": Mutation(BUILDERS, StaleBlockTable),
-    "frozen-draft-step": Mutation(("proposer",), FrozenDraftStep),
-    "frozen-window-state": Mutation(BUILDERS, FrozenWindowState),
-    "padded-rows-unmasked": Mutation(BUILDERS, PaddedRowsUnmasked),
-    "shared-pool-alias": Mutation(policy={"shared_drafter_pool": True}),
-    "capture-without-metadata": Mutation(policy={"detached_capture_metadata": ("drafter",)}),
-    "hidden-states-not-copied": Mutation(("proposer",), HiddenStatesNotCopied),
-}
+    def make_view(self, *args):
+        meta = super().make_view(*args)
+        meta.seq_lens = meta.seq_lens.to(torch.int32)
+        return meta
 
 
-def apply(names, parts: EngineParts = EngineParts(),
-          policy: CapturePolicy = CapturePolicy()) -> tuple[EngineParts, CapturePolicy]:
-    """`parts` and `policy` with the mutation of every fault in `names` applied, in order."""
-    for name in names:
-        m = MUTATIONS[name]
-        for part in m.parts:
-            base = getattr(parts, part)
-            parts = parts.replace(**{part: type(f"{m.mixin.__name__}{base.__name__}", (m.mixin, base), {})})
-        if m.policy:
-            policy = dataclasses.replace(policy, **m.policy)
-    return parts, policy
+class InputIdsRebound:
+    """Token ids arrive as int32 and are stored by rebinding the buffer, not copy_ into it (vLLM #17211)."""
+
+    def write(self, name, values, pad, num_tokens):
+        if name != "input_ids":
+            return super().write(name, values, pad, num_tokens)
+        inert = self.buffers.spec(name).inert_value(num_tokens)
+        self.buffers.rebind(name, torch.tensor(values + [inert] * pad, dtype=torch.int32,
+                                               device=self.buffers.device))
+
+
+class SamplerOffsetByHostStep:
+    """The draft sampler's random stream is offset by the host draft step (Megatron-LM #5697).
+
+    A graph bakes the offset at capture: every replay draws the same random numbers.
+    """
+
+    def sampling_positions(self, drafted_positions, meta):
+        return drafted_positions + 7919 * meta.draft_step

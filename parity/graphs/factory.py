@@ -80,8 +80,8 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
     counts = {}
     for owner in owners:
         dispatcher = dispatcher_for(engine, owner, modes[owner.name], capture_sizes)
-        executor = GraphExecutor(owner.name, modes[owner.name], backend, pools[owner.name], dispatcher,
-                                 [owner.buffers], policy.weak_outputs)
+        executor = policy.executor(owner.name, modes[owner.name], backend, pools[owner.name], dispatcher,
+                                   [owner.buffers], policy.weak_outputs)
         capture_metadata = _capture_metadata(owner, executor, policy)
         for forward in owner.forwards():
             counts[forward.phase] = executor.capture_phase(forward.phase, forward.fn, capture_metadata,

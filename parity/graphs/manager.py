@@ -44,6 +44,7 @@ class GraphExecutor:
         self.graphs: dict[tuple, GraphEntry] = {}
         # Tensors captured graphs read that no registry owns: kept alive as long as the graphs.
         self.placeholders: list = []
+        self.replays = 0        # graph replays this executor really ran (a mode with none proves nothing)
 
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
@@ -55,7 +56,12 @@ class GraphExecutor:
     def execute(self, dispatch: Dispatch, fn, meta):
         if dispatch.runtime_mode == EAGER:
             return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
-        return self.entry(dispatch).graph.replay(meta)
+        return self.replay(self.entry(dispatch), meta)
+
+    def replay(self, entry: GraphEntry, meta):
+        """Replay one captured graph on the live metadata, and count it."""
+        self.replays += 1
+        return entry.graph.replay(meta)
 
     def capture_phase(self, phase: str, fn, capture_metadata, max_tokens: int, snapshot, restore) -> int:
         """Capture every graph `phase` can dispatch to; returns how many."""

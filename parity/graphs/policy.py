@@ -1,4 +1,7 @@
-"""How graphs are captured: the choices a graph runner makes once, at start-up.
+"""How graphs are captured and replayed: the choices a graph runner makes once, at start-up.
+
+`executor` is the class that dispatches, captures and replays each owner's
+forwards (a graph runner; a variant overrides one of its steps).
 
 Captures go largest first into a pool per owner; the drafter gets a dedicated
 pool unless `shared_drafter_pool` (seed 004: sharing lets drafter temporaries
@@ -12,9 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parity.graphs.manager import GraphExecutor
+
 
 @dataclass(frozen=True)
 class CapturePolicy:
+    # The class that dispatches, captures and replays each owner's forwards.
+    executor: type[GraphExecutor] = GraphExecutor
     shared_drafter_pool: bool = False
     detached_capture_metadata: tuple[str, ...] = ()
     # Outputs held weakly, as vLLM holds them: their memory returns to the pool after capture.

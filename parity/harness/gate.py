@@ -173,10 +173,10 @@ def refuse_vacuous(runs: dict, comparisons: dict) -> None:
         if cmp.acceptance.num_drafts == 0:
             raise ParityInputError(f"mode {mode} made no drafts (max_tokens too small?): nothing to compare")
         if mode != "eager":
-            forwards = runs[mode].result.forwards
-            if len(forwards) == 0 or (forwards["runtime_mode"] == "eager").all():
+            if not runs[mode].graph_replays:
                 raise ParityInputError(f"mode {mode} replayed no graph (every batch ran eagerly: capture sizes "
-                                       f"too small for the scenario?): comparing it would prove nothing")
+                                       f"too small for the scenario, or a silent eager fallback): comparing it "
+                                       f"would prove nothing")
 
 
 def engine_pairings(runs, comparisons: dict, scenario, baseline: dict | None = None,

@@ -37,6 +37,7 @@ class ModeRun:
     result: RunResult
     backend: str
     capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
+    graph_replays: int | None = None              # graph replays really run (None: no graphs installed)
     memory: dict | None = None     # CUDA: baseline, peak and leftover bytes of this run (release.measured)
     timing: dict = field(default_factory=dict)    # capture and run seconds
 
@@ -134,12 +135,14 @@ def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: Engin
             with watch("capture_seconds"):
                 capture = install(engine)
             with watch("run_seconds"):
-                return engine.run(specs, progress=progress), capture
+                result = engine.run(specs, progress=progress)
+            replays = [o.executor.replays for o in engine.owners() if hasattr(o.executor, "replays")]
+            return result, capture, sum(replays) if replays else None
         finally:
             uninstall(engine)
 
-    (result, capture), memory = measured(go, device, f"the {name} run of {scenario.name}", scenario)
-    return ModeRun(name, result, backend, capture, memory, watch.seconds)
+    (result, capture, replays), memory = measured(go, device, f"the {name} run of {scenario.name}", scenario)
+    return ModeRun(name, result, backend, capture, replays, memory, watch.seconds)
 
 
 def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: EngineParts = EngineParts(),

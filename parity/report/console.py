@@ -13,6 +13,9 @@ SHORT = {"eager": "eager", "piecewise": "piecewise", "full": "full", "full_decod
          "full_and_piecewise": "full+pw"}
 
 
+VERDICT_CELL = {"pass": "PASS", "drift": "DRIFT", "not_exercised": "IDLE"}
+
+
 def _delta_style(delta: float, drift: bool) -> str:
     if drift:
         return "bold red"
@@ -59,7 +62,8 @@ def acceptance_table(summary: dict) -> Table:
                             for m in modes.values()])
     table.add_row("|Δlp|", *[Text(logprob_cell(m)) for m in modes.values()])
     table.add_row("flips", *[Text(flips_cell(m)) for m in modes.values()])
-    table.add_row("", *[Text(m["verdict"].upper(), style="bold green" if m["verdict"] == "pass" else "bold red")
+    table.add_row("", *[Text(VERDICT_CELL.get(m["verdict"], m["verdict"].upper()),
+                             style={"pass": "bold green", "drift": "bold red"}.get(m["verdict"], "bold yellow"))
                         for m in modes.values()])
     return table
 
@@ -105,7 +109,8 @@ def reasons(summary: dict) -> Text:
 
 
 def verdict_line(summary: dict) -> Text:
-    word, style = ("DRIFT", "bold red") if summary["verdict"] == "drift" else ("PASS ", "bold green")
+    word, style = {"drift": ("DRIFT", "bold red"), "not_exercised": ("NOT EXERCISED", "bold yellow")}.get(
+        summary["verdict"], ("PASS ", "bold green"))
     return Text(f"{word} {summary['model']} / {summary['scenario']} ({summary['backend']}): "
                 f"{verdict_words(summary)}", style=style)
 

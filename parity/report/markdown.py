@@ -13,7 +13,7 @@ from parity.analysis.kinds import EXPLAIN, UNEXPLAINED
 from parity.report.diagnosis import describe_where
 from parity.report.threeway import flips_cell, logprob_cell, numerics_lines, reference_cell
 
-TITLE = {"pass": "PASS", "drift": "DRIFT"}
+TITLE = {"pass": "PASS", "drift": "DRIFT", "not_exercised": "NOT EXERCISED"}
 
 
 def cell(text) -> str:

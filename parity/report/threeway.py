@@ -59,6 +59,9 @@ def verdict_words(summary: dict) -> str:
     drifted = [m for m, v in summary["modes"].items() if v["verdict"] == "drift"]
     if drifted:
         return ", ".join(drifted)
+    idle = [m for m, v in summary["modes"].items() if v["verdict"] == "not_exercised"]
+    if idle:
+        return f"{', '.join(idle)}: no forward replayed a graph, so nothing was proved"
     if not graph:
         return f"{len(summary['modes'])} mode(s), no graph mode to judge"
     return f"{len(graph)} graph mode(s) bit for bit equal to their padded references"

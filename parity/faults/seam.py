@@ -1,0 +1,64 @@
+"""Faults at one seam: each catalogued name is a mixin over one engine part or the graph runner,
+or a capture-policy value.
+
+`apply` stacks the mutations of every injected fault onto `EngineParts` and
+`CapturePolicy`, so the engine and the graph installer receive classes and
+policy values, never fault names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from parity.engine.parts import EngineParts
+from parity.faults import mutations as m
+from parity.faults import runner_mutations as r
+from parity.graphs.policy import CapturePolicy
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """Where a fault strikes: a mixin over one engine part, or a capture-policy value."""
+
+    parts: tuple[str, ...] = ()        # the EngineParts fields it changes ("executor": the policy's)
+    mixin: type | None = None
+    policy: dict = dataclasses.field(default_factory=dict)
+
+
+BUILDERS = ("target_builder", "drafter_builder")
+MUTATIONS: dict[str, Mutation] = {
+    "reassign-seq-lens": Mutation(BUILDERS, m.ReassignSeqLens),
+    "reassign-query-start-loc": Mutation(("drafter_builder",), m.ReassignQueryStartLoc),
+    "stale-slot-mapping": Mutation(BUILDERS, m.StaleSlotMapping),
+    "stale-block-table": Mutation(BUILDERS, m.StaleBlockTable),
+    "frozen-draft-step": Mutation(("proposer",), m.FrozenDraftStep),
+    "frozen-window-state": Mutation(BUILDERS, m.FrozenWindowState),
+    "padded-rows-unmasked": Mutation(BUILDERS, m.PaddedRowsUnmasked),
+    "shared-pool-alias": Mutation(policy={"shared_drafter_pool": True}),
+    "capture-without-metadata": Mutation(policy={"detached_capture_metadata": ("drafter",)}),
+    "hidden-states-not-copied": Mutation(("proposer",), m.HiddenStatesNotCopied),
+    "graph-one-size-up": Mutation(("executor",), r.GraphOneSizeUp),
+    "silent-eager-fallback": Mutation(("executor",), r.SilentEagerFallback),
+    "seq-lens-reallocated": Mutation(("target_builder",), m.SeqLensReallocated),
+    "input-ids-rebound": Mutation(("target_builder",), m.InputIdsRebound),
+    "sampler-offset-frozen": Mutation(("proposer",), m.SamplerOffsetByHostStep),
+}
+
+
+def apply(names, parts: EngineParts = EngineParts(),
+          policy: CapturePolicy = CapturePolicy()) -> tuple[EngineParts, CapturePolicy]:
+    """`parts` and `policy` with the mutation of every fault in `names` applied, in order."""
+    for name in names:
+        mutation = MUTATIONS[name]
+        for part in mutation.parts:
+            if part == "executor":
+                policy = dataclasses.replace(policy, executor=_stack(mutation.mixin, policy.executor))
+            else:
+                parts = parts.replace(**{part: _stack(mutation.mixin, getattr(parts, part))})
+        if mutation.policy:
+            policy = dataclasses.replace(policy, **mutation.policy)
+    return parts, policy
+
+
+def _stack(mixin: type, base: type) -> type:
+    return type(f"{mixin.__name__}{base.__name__}", (mixin, base), {})

@@ -1,0 +1,333 @@
+"""Grade the second bug corpus: bugs the bisector was not built with (docs/bugs.md).
+
+For every bug under tests/bugs/corpus/ (`<id>.patch` + `<id>.yaml`): copy the
+tree under test (parity/, scenarios/, pyproject.toml) to a temporary folder,
+apply the patch, and run exactly what a user runs:
+
+    python -m parity run --scenario scenarios/S.yaml --modes eager,M... --backend B --out DIR --quiet
+
+then read DIR/summary.json and grade:
+
+  graph bugs  NAMED        drifts in every expected mode, every diagnosis has the expected kind
+                           and names the expected buffers (and nothing outside `may_also_name`)
+              LOCALISED    drifts where expected; a diagnosis is UNKNOWN/UNEXPLAINED with a step and phase
+              UNDIAGNOSED  drifts where expected; a diagnosis is missing, NONE, or has no step/phase
+              WRONG        drifts where expected; a diagnosis names another kind or other buffers
+              MISSED       an expected mode does not drift
+              FALSE ALARM  a mode where the bug cannot show drifts
+  refactors   CLEAN        every mode passes;  FALSE ALARM otherwise
+  eager bugs  CAUGHT       `parity run` passes (no graph bug) and `parity gate --baseline
+                           scenarios/baselines/S.json` drifts;  FALSE ALARM if the run drifts,
+                           MISSED if the gate passes
+  any         NO-APPLY     the patch no longer applies;  ERROR: a command exited other than 0/1
+
+Exit status: 1 on MISSED, FALSE ALARM, NO-APPLY or ERROR; WRONG is reported, not fatal.
+
+    python -m tests.bugs.grade [--backend emulated|cuda] [--jobs 2] [--only ID ...] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+ROOT = Path(__file__).resolve().parents[2]
+PATCHABLE = ("parity/engine/", "parity/graphs/", "parity/models/")
+CLASSES = ("graph", "refactor", "eager")
+MODES = ("piecewise", "full", "full_decode_only", "full_and_piecewise")
+BUG_KINDS = ("BUFFER_REASSIGNED", "STALE_BUFFER", "FROZEN_AT_CAPTURE", "PADDING_LEAK", "POOL_ALIAS",
+             "CAPTURE_CONTEXT")
+UNEXPLAINED_KINDS = ("UNKNOWN", "UNEXPLAINED")
+NAMED, LOCALISED, UNDIAGNOSED, WRONG = "NAMED", "LOCALISED", "UNDIAGNOSED", "WRONG"
+MISSED, FALSE_ALARM, CLEAN, CAUGHT = "MISSED", "FALSE ALARM", "CLEAN", "CAUGHT"
+NO_APPLY, ERROR, SKIPPED = "NO-APPLY", "ERROR", "SKIPPED"
+FATAL = (MISSED, FALSE_ALARM, NO_APPLY, ERROR)
+# When modes grade differently, the bug gets the worst.
+SEVERITY = (ERROR, NO_APPLY, FALSE_ALARM, MISSED, WRONG, UNDIAGNOSED, LOCALISED, NAMED, CAUGHT, CLEAN, SKIPPED)
+SHORT = {"piecewise": "pw", "full": "full", "full_decode_only": "fdo", "full_and_piecewise": "f+pw"}
+
+
+# --- the corpus ---------------------------------------------------------------------------
+
+@dataclass
+class Bug:
+    id: str
+    cls: str
+    description: str
+    site: str
+    scenario: str
+    modes: list[str]
+    clean_modes: list[str] = field(default_factory=list)
+    seed: str = ""
+    kind: str | None = None
+    buffers: list[str] = field(default_factory=list)
+    may_also_name: list[str] = field(default_factory=list)
+    backends: list[str] = field(default_factory=lambda: ["emulated", "cuda"])
+    patch: Path = Path()
+
+    @property
+    def expected(self) -> str:
+        if self.cls == "graph":
+            return f"{self.kind}({','.join(self.buffers)})"
+        return "no drift" if self.cls == "refactor" else "run PASS, gate DRIFT"
+
+
+def patched_files(patch_text: str) -> list[str]:
+    return re.findall(r"^diff --git a/(\S+) b/\S+$", patch_text, flags=re.M)
+
+
+def load_bug(meta_path: Path) -> Bug:
+    """One bug from its metadata and patch; ValueError names the file and the problem."""
+    meta = yaml.safe_load(meta_path.read_text())
+    where = meta_path.name
+    for key in ("id", "class", "description", "site", "scenario", "modes"):
+        if key not in meta:
+            raise ValueError(f"{where}: missing {key!r}")
+    if meta["id"] != meta_path.stem:
+        raise ValueError(f"{where}: id {meta['id']!r} differs from the file name")
+    if meta["class"] not in CLASSES:
+        raise ValueError(f"{where}: class must be one of {CLASSES}")
+    modes, clean = list(meta["modes"]), list(meta.get("clean_modes") or [])
+    if not modes or any(m not in MODES for m in modes + clean) or set(modes) & set(clean):
+        raise ValueError(f"{where}: modes/clean_modes must be disjoint graph modes {MODES}")
+    expect = meta.get("expect") or {}
+    if meta["class"] == "graph" and (expect.get("kind") not in BUG_KINDS or not expect.get("buffers")):
+        raise ValueError(f"{where}: a graph bug needs expect.kind in {BUG_KINDS} and expect.buffers")
+    patch = meta_path.with_suffix(".patch")
+    if not patch.is_file():
+        raise ValueError(f"{where}: no {patch.name}")
+    files = patched_files(patch.read_text())
+    if not files or any(not f.startswith(PATCHABLE) for f in files):
+        raise ValueError(f"{patch.name}: must touch only {', '.join(PATCHABLE)} (touches {files})")
+    return Bug(meta["id"], meta["class"], meta["description"], meta["site"], meta["scenario"], modes, clean,
+               str(meta.get("seed", "")), expect.get("kind"), list(expect.get("buffers") or []),
+               list(expect.get("may_also_name") or []), list(meta.get("backends") or ["emulated", "cuda"]), patch)
+
+
+def load_corpus(corpus: Path = CORPUS) -> list[Bug]:
+    bugs = [load_bug(p) for p in sorted(corpus.glob("*.yaml"))]
+    strays = {p.stem for p in corpus.glob("*.patch")} - {b.id for b in bugs}
+    if strays:
+        raise ValueError(f"patches without metadata: {', '.join(sorted(strays))}")
+    return bugs
+
+
+# --- one bug: a patched copy of the tree, the user's commands ---------------------------------
+
+def patched_tree(tree: Path, patch: Path, work: Path) -> str | None:
+    """Copy the tree under test into `work` and apply `patch`; the error text when it does not apply."""
+    shutil.copytree(tree / "parity", work / "parity",
+                    ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    (work / "parity" / "assets").symlink_to((tree / "parity" / "assets").resolve(), target_is_directory=True)
+    shutil.copytree(tree / "scenarios", work / "scenarios", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(tree / "pyproject.toml", work / "pyproject.toml")
+    done = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch)], cwd=work,
+                          capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr or done.stdout).strip()
+
+
+def parity(work: Path, args: list[str], timeout: int) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=str(work) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        done = subprocess.run([sys.executable, "-m", "parity", *args], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {timeout} s"
+    return done.returncode, (done.stdout + done.stderr)[-4000:]
+
+
+def run_args(bug: Bug, backend: str, out: Path, modes: list[str], bisect: bool = True) -> list[str]:
+    args = ["run", "--scenario", f"scenarios/{bug.scenario}.yaml", "--modes", ",".join(["eager", *modes]),
+            "--backend", backend, "--out", str(out), "--quiet"]
+    return args if bisect else args + ["--no-bisect"]
+
+
+# --- grading ---------------------------------------------------------------------------
+
+def worst(grades) -> str:
+    return min(grades, key=SEVERITY.index)
+
+
+def mode_view(summary: dict, mode: str) -> dict:
+    diagnosis = (summary.get("diagnoses") or {}).get(mode)
+    view = {"verdict": summary["modes"][mode]["verdict"]}
+    if diagnosis:
+        view.update({k: diagnosis.get(k) for k in ("kind", "buffers", "owner", "step", "phase", "draft_step",
+                                                   "evidence", "experiment", "ruled_out") if k in diagnosis})
+    return view
+
+
+def grade_diagnosis(bug: Bug, view: dict) -> str:
+    kind, named = view.get("kind"), set(view.get("buffers") or [])
+    if kind in UNEXPLAINED_KINDS:
+        return LOCALISED if view.get("step") is not None and view.get("phase") else UNDIAGNOSED
+    if kind is None or kind == "NONE":
+        return UNDIAGNOSED
+    expected = set(bug.buffers)
+    if kind == bug.kind and expected <= named <= expected | set(bug.may_also_name):
+        return NAMED
+    return WRONG
+
+
+def grade_graph(bug: Bug, summary: dict) -> tuple[str, dict]:
+    views = {m: mode_view(summary, m) for m in bug.modes + bug.clean_modes}
+    grades = [FALSE_ALARM for m in bug.clean_modes if views[m]["verdict"] == "drift"]
+    grades += [MISSED for m in bug.modes if views[m]["verdict"] != "drift"]
+    grades += [grade_diagnosis(bug, views[m]) for m in bug.modes if views[m]["verdict"] == "drift"]
+    return worst(grades), views
+
+
+def found_text(views: dict) -> str:
+    """'full,fdo: KIND(bufs)' per distinct finding; drifts in clean modes are marked."""
+    groups: dict[str, list[str]] = {}
+    for mode, v in views.items():
+        if v["verdict"] != "drift":
+            continue
+        text = f"{v.get('kind') or 'no diagnosis'}({','.join(v.get('buffers') or [])})"
+        if v.get("kind") in UNEXPLAINED_KINDS:
+            text += f" @step {v.get('step')} {v.get('phase')}"
+        groups.setdefault(text, []).append(SHORT[mode])
+    return "; ".join(f"{','.join(modes)}: {text}" for text, modes in groups.items()) or "-"
+
+
+def run_bug(bug: Bug, tree: Path, backend: str, timeout: int, keep: Path | None) -> dict:
+    result = {"id": bug.id, "class": bug.cls, "site": bug.site, "scenario": bug.scenario, "modes": bug.modes,
+              "clean_modes": bug.clean_modes, "expected": bug.expected, "description": bug.description}
+    if backend not in bug.backends:
+        return {**result, "grade": SKIPPED, "found": f"not on {backend}", "seconds": 0.0}
+    started = time.time()
+    work = Path(tempfile.mkdtemp(prefix=f"bug-{bug.id}-"))
+    try:
+        error = patched_tree(tree, bug.patch, work)
+        if error:
+            grade, found, extra = NO_APPLY, error.splitlines()[0], {}
+        else:
+            grade, found, extra = GRADERS[bug.cls](bug, work, backend, timeout)
+    finally:
+        if keep is not None:
+            shutil.copytree(work, keep / bug.id, symlinks=True, dirs_exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return {**result, "grade": grade, "found": found, **extra, "seconds": round(time.time() - started, 1)}
+
+
+def _graph(bug: Bug, work: Path, backend: str, timeout: int):
+    rc, tail = parity(work, run_args(bug, backend, work / "out", bug.modes + bug.clean_modes), timeout)
+    if rc not in (0, 1):
+        return ERROR, f"parity run exited {rc}", {"output": tail}
+    summary = json.loads((work / "out" / "summary.json").read_text())
+    grade, views = grade_graph(bug, summary)
+    return grade, found_text(views), {"per_mode": views}
+
+
+def _refactor(bug: Bug, work: Path, backend: str, timeout: int):
+    rc, tail = parity(work, run_args(bug, backend, work / "out", bug.modes), timeout)
+    if rc not in (0, 1):
+        return ERROR, f"parity run exited {rc}", {"output": tail}
+    summary = json.loads((work / "out" / "summary.json").read_text())
+    views = {m: mode_view(summary, m) for m in bug.modes}
+    drifting = [m for m, v in views.items() if v["verdict"] == "drift"]
+    return (FALSE_ALARM if drifting else CLEAN), (found_text(views) if drifting else "all pass"), {"per_mode": views}
+
+
+def _eager(bug: Bug, work: Path, backend: str, timeout: int):
+    rc, tail = parity(work, run_args(bug, backend, work / "out", bug.modes, bisect=False), timeout)
+    if rc not in (0, 1):
+        return ERROR, f"parity run exited {rc}", {"output": tail}
+    if rc == 1:
+        return FALSE_ALARM, "parity run drifts: " + tail.strip().splitlines()[-1][:100], {"output": tail}
+    gate = ["gate", "--scenario", f"scenarios/{bug.scenario}.yaml", "--modes", ",".join(["eager", *bug.modes]),
+            "--backend", backend, "--baseline", f"scenarios/baselines/{bug.scenario}.json"]
+    rc, tail = parity(work, gate, timeout)
+    last = next((line for line in reversed(tail.splitlines()) if line.startswith("GATE")), tail[-200:])
+    if rc not in (0, 1):
+        return ERROR, f"parity gate exited {rc}", {"output": tail}
+    failed = re.search(r"\d+ of \d+ checks failed", last)
+    verdict = "GATE DRIFT" if rc == 1 else "GATE PASS"
+    return (CAUGHT if rc == 1 else MISSED), f"run PASS; {verdict}" + (f" ({failed.group(0)})" if failed else ""), \
+        {"gate": last}
+
+
+GRADERS = {"graph": _graph, "refactor": _refactor, "eager": _eager}
+
+
+# --- the report ---------------------------------------------------------------------------
+
+def totals(results: list[dict]) -> dict:
+    graph = [r for r in results if r["class"] == "graph" and r["grade"] != SKIPPED]
+    counts = {g: sum(r["grade"] == g for r in results) for g in SEVERITY}
+    named = sum(r["grade"] == NAMED for r in graph)
+    return {"graph_bugs": len(graph), "named": named, "named_pct": round(100 * named / len(graph), 1) if graph else 0.0,
+            "counts": {g: n for g, n in counts.items() if n}, "failures": sum(counts[g] for g in FATAL)}
+
+
+def render(results: list[dict], summary: dict, backend: str, elapsed: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bug corpus ({backend}): {len(results)} patches", show_lines=False)
+    for column in ("id", "class", "expected", "modes", "grade", "diagnosis found", "s"):
+        table.add_column(column, overflow="fold")
+    colours = {NAMED: "green", CLEAN: "green", CAUGHT: "green", LOCALISED: "yellow", UNDIAGNOSED: "yellow",
+               WRONG: "magenta", SKIPPED: "dim"}
+    for r in results:
+        modes = ",".join(SHORT[m] for m in r["modes"])
+        if r["clean_modes"]:
+            modes += " | not " + ",".join(SHORT[m] for m in r["clean_modes"])
+        style = colours.get(r["grade"], "bold red")
+        table.add_row(r["id"], r["class"], r["expected"], modes, f"[{style}]{r['grade']}[/]", r["found"],
+                      f"{r['seconds']:.0f}")
+    console = Console(width=max(160, Console().width))
+    console.print(table)
+    counts = ", ".join(f"{g} {n}" for g, n in summary["counts"].items())
+    console.print(f"NAMED {summary['named']}/{summary['graph_bugs']} graph bugs ({summary['named_pct']}%); "
+                  f"{counts}; {elapsed:.0f} s")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tests.bugs.grade", description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to patch (default: this one)")
+    parser.add_argument("--backend", default="emulated", choices=("emulated", "cuda"))
+    parser.add_argument("--jobs", type=int, default=2, help="bugs run in parallel (default 2)")
+    parser.add_argument("--corpus", type=Path, default=CORPUS, help="folder of <id>.patch + <id>.yaml")
+    parser.add_argument("--only", nargs="+", metavar="ID", help="grade only these bugs")
+    parser.add_argument("--json", type=Path, default=ROOT / "reports" / "bug-corpus.json", help="JSON report")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per parity command")
+    parser.add_argument("--keep", type=Path, default=None, help="keep each patched tree and its run here")
+    args = parser.parse_args(argv)
+    bugs = load_corpus(args.corpus)
+    if args.only:
+        unknown = set(args.only) - {b.id for b in bugs}
+        if unknown:
+            parser.error(f"unknown bug(s): {', '.join(sorted(unknown))}")
+        bugs = [b for b in bugs if b.id in args.only]
+    started = time.time()
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda b: run_bug(b, args.tree.resolve(), args.backend, args.timeout, args.keep),
+                                bugs))
+    elapsed = time.time() - started
+    summary = totals(results)
+    render(results, summary, args.backend, elapsed)
+    report = {"backend": args.backend, "tree": str(args.tree.resolve()), "elapsed_s": round(elapsed, 1),
+              "totals": summary, "bugs": results, "corpus": [asdict(b) | {"patch": b.patch.name} for b in bugs]}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"report: {args.json}")
+    return 1 if summary["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
