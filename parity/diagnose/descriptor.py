@@ -23,7 +23,14 @@ def diagnose(bisector, graph, ev_g, snaps, out_r, executor, entry, **where):
     right = executor.graphs.get((d.phase, d.runtime_mode, d.descriptor))
     replayed = f"{entry.num_tokens} tokens x {entry.num_reqs} rows"
     built = f"{d.num_tokens_padded} tokens x {d.num_reqs_padded} rows"
-    if right is None or right is entry:
+    if right is entry:
+        # The dispatcher's own descriptor names a graph of another shape than the batch it padded.
+        evidence = [f"the batch was padded to {built}, but its descriptor names the graph captured for {replayed}: "
+                    "rows beyond the batch are read from whatever the buffers held"]
+        return bisector.diagnosis(DESCRIPTOR_MISMATCH, ["descriptor"], ev_g, evidence=evidence,
+                                  experiment="compare the batch's padded shape with its graph's capture shape",
+                                  **where)
+    if right is None:
         return None
     restore(snaps["graph"])
     bisector.replays += 1

@@ -13,9 +13,11 @@ experiment that fits what the addresses say:
   - the graph read a tensor only the capture-time metadata held, and the live
     metadata holds another fresh tensor (a builder that reallocates):
     BUFFER_REASSIGNED (who: metadata object);
-- refresh (the captured tensor is still the live persistent buffer): copy the
-  reference's values in: STALE_BUFFER (when the metadata object holds the new
-  values in a fresh tensor, that is named as the reason they never arrived);
+  - the graph read the persistent buffer, and the live metadata object holds a
+    fresh tensor instead (the field was rebound per step, seeds 001 and 002):
+    BUFFER_REASSIGNED (who: metadata object);
+- refresh (the captured tensor is the live tensor in every holder, its values
+  are wrong): copy the reference's values in: STALE_BUFFER;
 - inert padding (a padded entry of the padding contract off its pad value):
   PADDING_LEAK.
 
@@ -78,6 +80,7 @@ def candidates(ref, graph, ev_r, ev_g, snaps, entry, read_by_reference: set[str]
         before = graph_state.get(id(e.tensor), e.tensor)
         live_registry = registry[e.name]
         live_meta = getattr(ev_g.meta, e.name, None)
+        live_meta = live_meta if isinstance(live_meta, torch.Tensor) else None   # host fields are not reads
         if region.stop is not None and min(before.shape[0], reference_value(e.name).shape[0]) < region.stop:
             continue
         repair = _repair_for(e, region, before, live_registry, live_meta, reference_value(e.name), graph_state)
@@ -101,14 +104,15 @@ def _repair_for(e, region, before, live_registry, live_meta, reference, graph_st
                 if kind == CAPTURE_CONTEXT else "the metadata object gets a new tensor for every batch")
         return Repair(kind, e.name, who, f"redirect {e.name} to the live metadata's tensor", e.tensor, region,
                       live_meta[region], captured, live_meta.data_ptr(), note)
+    if live_meta is not None and live_meta.untyped_storage().data_ptr() != e.tensor.untyped_storage().data_ptr():
+        return Repair(BUFFER_REASSIGNED, e.name, "metadata object",
+                      f"redirect {e.name} to the live metadata's tensor", e.tensor, region, live_meta[region],
+                      captured, live_meta.data_ptr(), "the metadata object rebound it to a fresh tensor; the "
+                      "persistent buffer the graph captured kept its old values")
     if before[region].shape != reference[region].shape or torch.equal(before[region], reference[region]):
         return None
-    note = ""
-    if live_meta is not None and live_meta.untyped_storage().data_ptr() != e.tensor.untyped_storage().data_ptr():
-        note = (f"the metadata object's {e.name} was rebound to a fresh tensor at {live_meta.data_ptr():#x}: "
-                "the new values never reached the persistent buffer")
     return Repair(STALE_BUFFER, e.name, e.holder, f"refresh {e.name} with the reference's values", e.tensor,
-                  region, reference[region], captured, captured, note)
+                  region, reference[region], captured, captured)
 
 
 def _padding_repairs(registry, ev_g, graph_state) -> list[Repair]:

@@ -7,17 +7,25 @@ real outputs differ, three experiments, each changing one thing:
 1. the padding contract as the builder left it: padded entries of INERT
    buffers (PAD slots, zero seq_lens, clamped query_start_loc) that do not
    hold their pad value;
-2. side effects: the forward re-run from its clean pre-state writes KV slots
-   no real token of the batch owns (padded tokens writing a real request's
-   cache);
+2. side effects: KV slots the padded tokens write, found by re-running the
+   forward from its clean pre-state (`padded_kv_writes`);
 3. repair: the poisoned forward re-run with the breached entries set to their
    pad values, delta-debugged to the smallest set that restores bitwise parity
    with the clean forward. When no contract entry explains it, each FREE
    padded input is poisoned alone on the clean state: the ones that change
    real outputs are named.
+
+When the breach is a draft step's, one more experiment asks where it came
+from (`unstable_pad_rows`): padded rows held at their registered pad values are
+advanced one step by the owner's own builder, on a copy; a padded entry that
+leaves its pad value means the contract itself is not a fixed point of the
+builder, and the field whose empty value (0) keeps every entry at its pad is
+named with the breach.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -45,28 +53,55 @@ def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, in
 
 
 def padded_kv_writes(bisector, engine, event, snap) -> list[int]:
-    """KV slots whose content depends on the padded tokens' writes.
+    """KV slots padded tokens write, each found by re-running the forward from its clean pre-state.
 
-    The forward is run from its pre-state twice: as it is, and with every padded
-    token's slot set to PAD; the slots whose KV differ are what padded tokens wrote
-    (into a real request's cache when they are not the trash row).
+    1. rows the forward changes that no real token of the batch owns;
+    2. first-layer rows that change when only the padded tokens' FREE inputs are
+       poisoned (a real token's first-layer key and value depend on its own row
+       alone, so any row that moves was written by a padded token, a real
+       request's own slot included);
+    3. when the padded slot entries are off PAD, rows that change once they are
+       set to PAD.
+    The trash row (the last) is where padded writes belong and is never counted.
     """
     owner = engine.owner(event.owner)
     fn = forward_fn(engine, event.owner, event.phase)
-    caches = []
-    for pad_slots in (False, True):
+    restore(snap)
+    real = set(owner.buffers["slot_mapping"][: event.dispatch.num_tokens].tolist())
+    before = _kv_rows(owner)
+
+    def run(change) -> list[torch.Tensor]:
         restore(snap)
-        if pad_slots:
-            for _, tensor, region, _ in _slot_breaches(owner, event):
-                tensor[region] = -1
+        change()
         bisector.replays += 1
         owner.executor.execute(event.dispatch, fn, event.meta)
-        caches.append([t[:-1].clone() for t in owner.kv_cache.tensors()])
+        return _kv_rows(owner)
+
+    def set_pad_slots():
+        for _, tensor, region, _ in _slot_breaches(owner, event):
+            tensor[region] = -1
+
+    plain = run(lambda: None)
+    written = _changed(before, plain) - real
+    poisoned = run(lambda: poison_padding(owner.buffers, event.dispatch, salt=1))
+    layers = len(owner.kv_cache.keys)
+    written |= _changed(plain[:1] + plain[layers:layers + 1], poisoned[:1] + poisoned[layers:layers + 1])
     restore(snap)
-    written = set()
-    for a, b in zip(*caches):
-        written |= set(torch.nonzero((a != b).reshape(a.shape[0], -1).any(dim=1)).flatten().tolist())
+    if _slot_breaches(owner, event):
+        written |= _changed(plain, run(set_pad_slots))
+    restore(snap)
     return sorted(written)
+
+
+def _kv_rows(owner) -> list[torch.Tensor]:
+    return [t[:-1].clone() for t in owner.kv_cache.tensors()]
+
+
+def _changed(old: list[torch.Tensor], new: list[torch.Tensor]) -> set[int]:
+    rows = set()
+    for a, b in zip(old, new):
+        rows |= set(torch.nonzero((a != b).reshape(a.shape[0], -1).any(dim=1)).flatten().tolist())
+    return rows
 
 
 def _slot_breaches(owner, event):
@@ -95,15 +130,69 @@ def diagnose(bisector, clean, poisoned, ev_c, ev_p, snaps, out_c, **where):
     if found and repaired(found):
         culprits = ddmin(found, repaired)
         names = sorted({c[0] for c in culprits})
-        evidence.append(f"setting the padded entries of {', '.join(names)} to their inert values restores "
-                        "bitwise parity between the poisoned and the clean reference")
-        return bisector.diagnosis(PADDING_LEAK, names, ev_p, evidence=evidence, **where)
+        experiment = (f"set the padded entries of {', '.join(names)} to their inert values in both references: "
+                      "bitwise parity between the poisoned and the clean reference is restored")
+        evidence.append(experiment)
+        if ev_p.phase == "draft_step":
+            origin, origin_evidence = unstable_pad_rows(owner, ev_p)
+            evidence += origin_evidence
+            names = sorted(set(names) | set(origin))
+        return bisector.diagnosis(PADDING_LEAK, names, ev_p, evidence=evidence, experiment=experiment, **where)
+    if stray:
+        evidence.append("the padded tokens' slot entries hold PAD, yet they write real KV slots: the write path "
+                        "does not keep PAD writes in the trash row")
+        return bisector.diagnosis(PADDING_LEAK, ["slot_mapping"], ev_p, evidence=evidence,
+                                  experiment="re-run the forward from its clean pre-state, its padded inputs "
+                                             "poisoned: the KV slots it writes", **where)
     leaking = free_inputs_that_matter(bisector, clean, ev_c, snaps["ref"], out_c)
     if leaking:
-        evidence.append(f"poisoning the padded entries of {', '.join(leaking)} alone changes real outputs")
-        return bisector.diagnosis(PADDING_LEAK, leaking, ev_p, evidence=evidence, **where)
+        experiment = f"poison the padded entries of {', '.join(leaking)} alone on the clean reference"
+        evidence.append(f"{experiment}: real outputs change")
+        return bisector.diagnosis(PADDING_LEAK, leaking, ev_p, evidence=evidence, experiment=experiment, **where)
     evidence.append("no padded entry alone and no contract repair explains it")
-    return bisector.diagnosis(UNEXPLAINED, [], ev_p, evidence=evidence, **where)
+    ruled_out = ["set the contract's padded entries inert in both references", "KV writes of padded tokens",
+                 "poison each free padded input alone"]
+    return bisector.diagnosis(UNEXPLAINED, [], ev_p, evidence=evidence, ruled_out=ruled_out, **where)
+
+
+def unstable_pad_rows(owner, event) -> tuple[list[str], list[str]]:
+    """Does the builder's step advance keep padded rows at their registered pad values?
+
+    On a copy of the failing forward's metadata with every INERT padded entry
+    at its pad value, run the owner's `advance_draft_step`. Entries that leave
+    their pad value show the contract is not a fixed point; then each INERT
+    field alone is set to 0 (an empty row) before the advance, and a field that
+    keeps every other entry at its pad is named: its registered pad value is
+    what makes padded rows live.
+    """
+    advance = getattr(owner.builder, "advance_draft_step", None)
+    dispatch = event.dispatch
+    inert = {n: owner.buffers.spec(n) for n in owner.buffers.names()
+             if owner.buffers.spec(n).inert and isinstance(getattr(event.meta, n, None), torch.Tensor)}
+    if advance is None or not inert:
+        return [], []
+
+    def advanced(empty: str | None) -> list[str]:
+        copy = dataclasses.replace(event.meta, **{n: getattr(event.meta, n).clone()
+                                                   for n in ("query_start_loc", "seq_lens", "slot_mapping",
+                                                             "block_table", "positions", "window_start")})
+        for name, spec in inert.items():
+            getattr(copy, name)[spec.padded(dispatch)] = 0 if name == empty else spec.inert_value(dispatch.num_tokens)
+        advance(copy, dispatch.num_reqs_padded)
+        return [n for n, spec in inert.items() if n != empty and
+                bool((getattr(copy, n)[spec.padded(dispatch)] != spec.inert_value(dispatch.num_tokens)).any())]
+
+    moved = advanced(None)
+    if not moved:
+        return [], ["the builder's step advance keeps padded rows at their registered pad values"]
+    evidence = [f"advancing padded rows held at their registered pad values one draft step (the owner's builder, "
+                f"on a copy) moves {', '.join(moved)} off the pad value"]
+    fixes = [n for n, spec in inert.items() if spec.inert_value(dispatch.num_tokens) != 0 and not advanced(n)]
+    for name in fixes:
+        evidence.append(f"with {name} 0 (an empty row) instead of its registered pad value "
+                        f"{inert[name].inert_value(dispatch.num_tokens)} every padded entry stays inert: "
+                        f"the registered pad value of {name} makes padded rows live")
+    return fixes, evidence
 
 
 def _run_repaired(bisector, engine, event, snap, subset) -> tuple:

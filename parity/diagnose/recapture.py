@@ -31,6 +31,13 @@ def diagnose(bisector, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ru
     fn = forward_fn(graph, ev_g.owner, ev_g.phase)
 
     def recaptured_matches(live: dict) -> bool:
+        try:
+            return _recaptured_matches(live)
+        except (RuntimeError, IndexError, ValueError) as exc:   # the forward cannot run on these values
+            ruled.append(f"re-capture with {sorted(live) or 'the captured values'} failed: {str(exc)[:80]}")
+            return False
+
+    def _recaptured_matches(live: dict) -> bool:
         meta = dataclasses.replace(entry.capture_meta, **live)
         restore(snaps["graph"])
         g = capture(executor.backend, executor.backend.new_pool("bisect"),

@@ -45,12 +45,14 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("reassign-query-start-loc", BUFFER_REASSIGNED, ("query_start_loc",), "MetadataBuilder.write (drafter)",
           "002", "default", FULL_MODES,
           "the drafter's query_start_loc is built into a fresh tensor every step"),
-    Fault("stale-slot-mapping", STALE_BUFFER, ("slot_mapping",), "MetadataBuilder.store_slots", "001",
+    Fault("stale-slot-mapping", BUFFER_REASSIGNED, ("slot_mapping",), "MetadataBuilder.store_slots", "001",
           "default", FULL_MODES,
-          "between draft decode steps the new slots reach the metadata object but not the captured buffer"),
-    Fault("stale-block-table", STALE_BUFFER, ("block_table",), "MetadataBuilder.store_block_table", "001",
+          "between draft decode steps the new slots go to a fresh tensor on the metadata object (a reassignment, "
+          "seed 001's review): the captured slot_mapping buffer stays stale"),
+    Fault("stale-block-table", BUFFER_REASSIGNED, ("block_table",), "MetadataBuilder.store_block_table", "001",
           "default", FULL_MODES,
-          "a request's block-table row is copied only when first seen, not after a new block is allocated"),
+          "a request's block-table row reaches the buffer only when first seen; eager code reads a fresh table "
+          "handed over on the metadata object, so the captured buffer stays stale"),
     Fault("frozen-draft-step", FROZEN_AT_CAPTURE, ("draft_step",), "EagleProposer.draft_column", "001",
           "default", GRAPH_MODES,
           "the draft step index reaches the captured step as a Python int"),

@@ -49,7 +49,7 @@ PATCHABLE = ("parity/engine/", "parity/graphs/", "parity/models/")
 CLASSES = ("graph", "refactor", "eager")
 MODES = ("piecewise", "full", "full_decode_only", "full_and_piecewise")
 BUG_KINDS = ("BUFFER_REASSIGNED", "STALE_BUFFER", "FROZEN_AT_CAPTURE", "PADDING_LEAK", "POOL_ALIAS",
-             "CAPTURE_CONTEXT")
+             "CAPTURE_CONTEXT", "DESCRIPTOR_MISMATCH")
 UNEXPLAINED_KINDS = ("UNKNOWN", "UNEXPLAINED")
 NAMED, LOCALISED, UNDIAGNOSED, WRONG = "NAMED", "LOCALISED", "UNDIAGNOSED", "WRONG"
 MISSED, FALSE_ALARM, CLEAN, CAUGHT = "MISSED", "FALSE ALARM", "CLEAN", "CAUGHT"
