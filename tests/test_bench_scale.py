@@ -73,6 +73,18 @@ def test_bench_scale_reads_a_saved_run(tmp_path, capsys, monkeypatch):
     assert "late" in text and "skipped" in text and "ref:full" in text and "PASS" in text
 
 
+def test_gpu_scale_without_cuda_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    from parity.harness import gpu_scale
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    assert gpu_scale.main([]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "needs one CUDA GPU" in lines[0] and "nothing was run" in lines[0]
+    assert captured.out == "" and not (tmp_path / "out").exists()
+
+
 def test_clean_engine_has_no_false_alarm_under_padding_numerics():
     """One scenario, one seed: the verdicts pass while the references move against eager."""
     result = clean_alarms(paths=[shipped_scenarios()[0]], seeds=1, requests=2, max_tokens=8)

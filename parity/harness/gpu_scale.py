@@ -12,6 +12,7 @@ On an H100 (80 GB), given nothing:
  6. with --long, long-context-8k in every mode with whatever time is left;
  then a compact summary on stdout. Every output goes to $OUT (default reports/gpu-scale) in small files:
  NN-step.log per step, run-<scenario>/ (the run folder), bench-scale.json, summary.txt.
+Without CUDA it prints one line on stderr, runs nothing, writes nothing and exits 2.
 
 Steps run as `python -m parity ...` subprocesses (each frees its GPU memory on exit), each under a
 timeout cut from what is left of the budget, so a slow step cannot take the ones after it down.
@@ -68,6 +69,16 @@ def parity(*args: str) -> list[str]:
     return [sys.executable, "-m", "parity", *args]
 
 
+def cuda_problem() -> str | None:
+    """Why this machine cannot run the check (None: it can). Creates no CUDA context."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return f"torch {torch.__version__} ({built}) sees no CUDA device"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.harness.gpu_scale", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", default="scenarios/llama3-eagle-short.yaml", help="the 5-mode run's scenario")
@@ -76,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", action="store_true",
                    help="then run scenarios/long-context-8k.yaml in every mode with what is left of the budget")
     args = p.parse_args(argv)
+    problem = cuda_problem()
+    if problem is not None:
+        print(f"gpu_scale: needs one CUDA GPU: {problem}; nothing was run", file=sys.stderr)
+        return 2
     out = Path(os.environ.get("OUT") or ROOT / "reports" / "gpu-scale")
     out.mkdir(parents=True, exist_ok=True)
     steps = Steps(out, args.budget)
