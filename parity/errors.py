@@ -12,3 +12,7 @@ class Terminated(BaseException):
 
 class CaptureSyncError(RuntimeError):
     """A host sync (item(), nonzero, ...) happened while capturing a graph."""
+
+
+class OutOfDeviceMemory(ParityInputError):
+    """A run ran out of device memory: one line naming the mode, the figures and the knob to lower. Exit 2."""

@@ -50,7 +50,8 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
         "verdict": verdict,
         "modes": modes,
         "divergences": divergences,
-        "references": {name: {"modes": [m for m, r in runs.reference_of.items() if r == name]}
+        "references": {name: {"modes": [m for m, r in runs.reference_of.items() if r == name],
+                              "memory": getattr(runs.references[name], "memory", None)}
                        for name in runs.references},
         "diagnosis": diagnosis,
     }
@@ -81,6 +82,8 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
         "forwards_by_runtime_mode": {str(k): int(v) for k, v in forwards.groupby("runtime_mode").size().items()},
         "capture": run.capture,
         "graph_replays": run.graph_replays,
+        "memory": getattr(run, "memory", None),     # CUDA: baseline, peak and leftover bytes of the run
+        "timing": getattr(run, "timing", None),
         "reference": reference_summary(cmp),
         "numerics": cmp.numerics.as_dict() if cmp.numerics is not None else None,
     }

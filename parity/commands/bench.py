@@ -1,4 +1,6 @@
-"""`parity bench`: latency ratios, `make parity`'s wall time and bisection cost; `parity bench false-alarms`."""
+"""`parity bench`: latency ratios, `make parity`'s wall time, bisection cost, the audit's overhead and the
+clean engine's false alarms under padding numerics; `parity bench false-alarms` (the gate's rates) and
+`parity bench scale` (a real-shape pair on a GPU)."""
 
 from __future__ import annotations
 
@@ -10,20 +12,32 @@ from pathlib import Path
 
 import torch
 
-from parity.commands.common import EXIT_PASS, Parser
+from parity.audit.bench import measure_overhead
+from parity.commands.bench_scale import register_scale, scale
+from parity.commands.common import EXIT_PASS, Parser, console
 from parity.faults.catalog import FAULTS
 from parity.faults.matrix import home_scenario
 from parity.harness import bench, false_alarms
+from parity.harness.clean_alarms import clean_alarms
 from parity.harness.scenario import load_scenario
 from parity.models.pair import load_pair
+from parity.report.bench import alarms_line, audit_line
+
+STEPS = ("latency", "parity", "bisect", "audit", "alarms")
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="side-by-side latency ratios, make-parity wall time, bisection cost")
     p.add_argument("--json", default="reports/bench.json", help="where to write every figure")
-    p.add_argument("--skip", default="", help="comma-separated: latency,parity,bisect")
+    p.add_argument("--skip", default="", help="comma-separated: " + ",".join(STEPS))
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--seeds", type=int, default=1, help="false alarms: seeds per shipped scenario (default 1)")
+    p.add_argument("--alarm-requests", type=int, default=3, help="false alarms: requests per scenario (default 3)")
+    p.add_argument("--alarm-tokens", type=int, default=12, help="false alarms: tokens per request (default 12)")
+    p.add_argument("--numerics-scale", type=float, default=0.1,
+                   help="false alarms: the simulated padding numerics (see --simulate-padding-numerics)")
     suites = p.add_subparsers(dest="suite", parser_class=Parser)
+    register_scale(suites)
     fa = suites.add_parser("false-alarms", help="the gate's false-alarm rate on the clean engine over many seeds")
     fa.add_argument("--scenario", default="scenarios/default.yaml")
     fa.add_argument("--seeds", type=int, default=50)
@@ -39,33 +53,60 @@ def main(args) -> int:
     """Run the benchmarks asked for and print their figures."""
     if args.suite == "false-alarms":
         return false_alarm_rates(args)
+    if args.suite == "scale":
+        return scale(args)
     skip = set(filter(None, args.skip.split(",")))
     report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads()}
-    backends = ["emulated"] + (["cuda"] if torch.cuda.is_available() else [])
-    if "latency" not in skip:
-        report["latency"] = []
-        for backend in backends:
-            device = torch.device("cuda" if backend == "cuda" else "cpu")
-            pair = load_pair("tiny-llama3-eagle", device=device)
-            report["latency"] += bench.time_forwards(pair, device, backend, iters=args.iters)
-        if torch.cuda.is_available():
-            report["gpu"] = torch.cuda.get_device_name(0)
-        _print_latency(report["latency"])
-    if "parity" not in skip:
-        report["parity"] = bench.time_parity()
-        print(f"\nmake parity (default scenario, all modes, {report['parity']['backend']}): "
-              f"{report['parity']['seconds']} s, {report['parity']['verdict']}")
-    if "bisect" not in skip:
-        report["bisect"] = bench.time_bisection(_bisection_cases(), "auto", _replay_budget())
-        print("\nbisection on each fault's home scenario (in FULL where it shows there):")
-        for row in report["bisect"]:
-            print(f"  {row['fault']:<26} {row['mode']:<17} {row['kind']:<18} bisection {row['bisect_seconds']} s "
-                  f"(process {row['seconds']:.1f} s)  {row['replays']:>2} replays (budget {row['budget']})")
+    for step, run in (("latency", _latency), ("parity", _parity), ("bisect", _bisect), ("audit", _audit),
+                      ("alarms", _alarms)):
+        if step not in skip:
+            report[step] = run(args)
+    if torch.cuda.is_available():
+        report["gpu"] = torch.cuda.get_device_name(0)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwritten {path}")
     return EXIT_PASS
+
+
+def _latency(args) -> list[dict]:
+    rows = []
+    for backend in ["emulated"] + (["cuda"] if torch.cuda.is_available() else []):
+        device = torch.device("cuda" if backend == "cuda" else "cpu")
+        pair = load_pair("tiny-llama3-eagle", device=device)
+        rows += bench.time_forwards(pair, device, backend, iters=args.iters)
+    _print_latency(rows)
+    return rows
+
+
+def _parity(args) -> dict:
+    result = bench.time_parity()
+    print(f"\nmake parity (default scenario, all modes, {result['backend']}): {result['seconds']} s, "
+          f"{result['verdict']}")
+    return result
+
+
+def _bisect(args) -> list[dict]:
+    rows = bench.time_bisection(_bisection_cases(), "auto", _replay_budget())
+    print("\nbisection on each fault's home scenario (in FULL where it shows there):")
+    for row in rows:
+        print(f"  {row['fault']:<26} {row['mode']:<17} {row['kind']:<18} bisection {row['bisect_seconds']} s "
+              f"(process {row['seconds']:.1f} s)  {row['replays']:>2} replays (budget {row['budget']})")
+    return rows
+
+
+def _audit(args) -> dict:
+    result = measure_overhead()
+    print("\n" + audit_line(result))
+    return result
+
+
+def _alarms(args) -> dict:
+    result = clean_alarms(seeds=args.seeds, scale=args.numerics_scale, requests=args.alarm_requests,
+                          max_tokens=args.alarm_tokens)
+    console().print("\n" + alarms_line(result), highlight=False)
+    return result
 
 
 def _bisection_cases() -> list[tuple[str, Path, str]]:

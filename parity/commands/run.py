@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, run_request
+from parity.commands.memory import add_memory_options, print_run, print_session, show_plan, with_memory
 from parity.commands.outputs import add_force, check_out, save_run
 from parity.harness.session import run_session
 from parity.report.console import render
@@ -16,15 +17,21 @@ def register(sub) -> None:
     add_force(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument("--no-bisect", action="store_true", help="do not diagnose drifting modes")
+    add_memory_options(run)
     run.set_defaults(handler=main)
 
 
 def main(args) -> int:
     """Run the scenario in each mode, compare with eager, render and save the report."""
+    request = with_memory(run_request(args), args)
+    if args.plan:
+        return show_plan(request)
     check_out(args)
     with mode_progress(not args.quiet) as progress:
-        outcome = run_session(run_request(args), progress)
+        outcome = run_session(request, progress, on_run=print_run if args.verbose else None)
     summary = outcome.summary
+    if args.verbose:
+        print_session(summary)
     summary["faults"] = list(args.inject)
     out_dir = save_run(args, summary, outcome.runs, outcome.scenario.name)
     render(summary, diagnosis_panel=diagnoses_view(summary))

@@ -93,6 +93,22 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
             "shared_drafter_pool": policy.shared_drafter_pool, "graphs": counts}
 
 
+def uninstall(engine) -> None:
+    """Drop every graph an engine's executors hold, with their pools and placeholders: eager executors again.
+
+    A captured graph holds its pool (CUDA: until the graph is destroyed and the
+    cache emptied) and every tensor it reads; dropping the executors' references
+    is what lets the next run start from the memory the weights alone take.
+    """
+    for owner in engine.owners():
+        executor = owner.executor
+        if isinstance(executor, GraphExecutor):
+            executor.graphs.clear()
+            executor.placeholders.clear()
+            executor.pool = None
+        owner.executor = EagerExecutor()
+
+
 def _capture_metadata(owner, executor: GraphExecutor, policy: CapturePolicy):
     if owner.name not in policy.detached_capture_metadata:
         return owner.capture_metadata

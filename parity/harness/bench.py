@@ -12,11 +12,13 @@ Computes and returns plain rows; `parity bench` prints them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -24,7 +26,8 @@ from parity.engine.config import EngineConfig
 from parity.engine.metadata import RowPlan
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs.descriptor import PHASES
-from parity.graphs.factory import install_graphs
+from parity.graphs.factory import install_graphs, uninstall
+from parity.harness.release import reclaim
 from parity.harness.request import RunRequest
 from parity.harness.session import run_session
 
@@ -36,9 +39,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_engine(pair, batch: int, device, k: int = 3) -> SpecDecodeEngine:
+def bench_engine(pair, batch: int, device, k: int = 3, max_model_len: int = 128) -> SpecDecodeEngine:
     config = EngineConfig(num_speculative_tokens=k, max_num_seqs=batch, max_num_batched_tokens=batch * (k + 1),
-                          block_size=16, max_model_len=128)
+                          block_size=16, max_model_len=max_model_len)
     return SpecDecodeEngine(pair.target, pair.head, config, device)
 
 
@@ -59,41 +62,77 @@ def _prepare(engine, phase: str, batch: int):
     return owner, rows
 
 
+@dataclass
+class Prepared:
+    """One forward ready to run again and again: `call()` runs it through the engine's executor."""
+
+    executor: object
+    dispatch: object
+    meta: object
+    fn: object
+
+    def call(self):
+        return self.executor.execute(self.dispatch, self.fn, self.meta)
+
+    def eager_at_padded_shape(self):
+        """The same forward run eagerly at the graph's padded shape: the kernels a replay launches."""
+        return self.fn(self.dispatch.num_tokens_padded, self.dispatch.num_reqs_padded, self.meta)
+
+
+def prepare_forward(engine, phase: str, batch: int) -> Prepared:
+    owner, rows = _prepare(engine, phase, batch)
+    num_tokens = sum(r.query_len for r in rows)
+    dispatch = owner.executor.dispatch(phase, num_tokens, len(rows), True)
+    meta = owner.builder.build(rows, dispatch.num_tokens_padded, dispatch.num_reqs_padded)
+    if phase != "verify":
+        owner.buffers["sample_indices"][: len(rows)].copy_(
+            torch.arange(len(rows)) * (rows[0].query_len) + rows[0].query_len - 1)
+    return Prepared(owner.executor, dispatch, meta, owner.forward(phase).fn)
+
+
+@contextlib.contextmanager
+def forward_engines(pair, device, backend: str, modes, batch: int, max_model_len: int = 128, capture_sizes=None):
+    """One engine per mode for uniform batches of `batch` requests, graphs captured; all released on exit."""
+    engines = {}
+    try:
+        for mode in modes:
+            engines[mode] = bench_engine(pair, batch, device, max_model_len=max_model_len)
+            install_graphs(engines[mode], mode, backend, capture_sizes)
+        yield engines
+    finally:
+        for engine in engines.values():
+            uninstall(engine)
+        engines.clear()
+        reclaim(torch.device(device))
+
+
+def interleaved_medians(prepared: dict[str, Prepared], device, iters: int) -> dict[str, float]:
+    """Median seconds of each prepared forward, all timed in one loop so they share the machine's state."""
+    samples = {mode: [] for mode in prepared}
+    with torch.no_grad():
+        for i in range(iters + 3):
+            for mode, forward in prepared.items():
+                _sync(device)
+                start = time.perf_counter()
+                forward.call()
+                _sync(device)
+                if i >= 3:
+                    samples[mode].append(time.perf_counter() - start)
+    return {mode: statistics.median(values) for mode, values in samples.items()}
+
+
 def time_forwards(pair, device, backend: str, modes=("eager", "piecewise", "full"), iters: int = 30) -> list[dict]:
     """Median per-forward latency per (phase, batch, mode), modes interleaved in one loop."""
     results = []
     for batch in BATCHES:
-        engines = {}
-        for mode in modes:
-            engine = bench_engine(pair, batch, device)
-            install_graphs(engine, mode, backend)
-            engines[mode] = engine
-        for phase in PHASES:
-            prepared = {}
-            for mode, engine in engines.items():
-                owner, rows = _prepare(engine, phase, batch)
-                num_tokens = sum(r.query_len for r in rows)
-                dispatch = owner.executor.dispatch(phase, num_tokens, len(rows), True)
-                meta = owner.builder.build(rows, dispatch.num_tokens_padded, dispatch.num_reqs_padded)
-                if phase != "verify":
-                    owner.buffers["sample_indices"][: len(rows)].copy_(
-                        torch.arange(len(rows)) * (rows[0].query_len) + rows[0].query_len - 1)
-                prepared[mode] = (owner.executor, dispatch, meta, owner.forward(phase).fn)
-            samples = {mode: [] for mode in prepared}
-            with torch.no_grad():
-                for i in range(iters + 3):
-                    for mode, (executor, dispatch, meta, fn) in prepared.items():
-                        _sync(device)
-                        start = time.perf_counter()
-                        executor.execute(dispatch, fn, meta)
-                        _sync(device)
-                        if i >= 3:
-                            samples[mode].append(time.perf_counter() - start)
-            eager = statistics.median(samples["eager"])
-            for mode, values in samples.items():
-                median = statistics.median(values)
-                results.append({"backend": backend, "phase": phase, "batch": batch, "mode": mode,
-                                "median_ms": round(median * 1e3, 4), "speedup_vs_eager": round(eager / median, 3)})
+        with forward_engines(pair, device, backend, modes, batch) as engines:
+            for phase in PHASES:
+                prepared = {mode: prepare_forward(engine, phase, batch) for mode, engine in engines.items()}
+                medians = interleaved_medians(prepared, device, iters)
+                for mode, median in medians.items():
+                    results.append({"backend": backend, "phase": phase, "batch": batch, "mode": mode,
+                                    "median_ms": round(median * 1e3, 4),
+                                    "speedup_vs_eager": round(medians["eager"] / median, 3)})
     return results
 
 

@@ -27,6 +27,7 @@ from parity.engine.parts import EngineParts
 from parity.errors import ParityInputError
 from parity.graphs.policy import CapturePolicy
 from parity.harness.modes import run_modes
+from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
 from parity.harness.request import (checkpoint_paths, load_request_pair, load_request_scenario, resolve_backend,
                                     resolve_modes)
 from parity.harness.run_ids import slug
@@ -126,7 +127,8 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
     if request.update_baseline:
         check_output_path(baseline_path, "--baseline")
     backend, device = resolve_backend(request.backend)
-    pair = load_request_pair(request, device)
+    check_plan(plan_request(request, scenario, modes, device))
+    pair = load_request_pair(request, device, kv_cache_tokens(scenario))
     if baseline is not None:
         check_model(baseline, baseline_path, pair.name, pair.checksum())
         missing = [m for m in modes if m not in baseline["modes"]]

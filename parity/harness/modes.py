@@ -6,6 +6,10 @@ and how graphs are captured. Each graph mode also gets its strict padded
 reference: the same dispatcher, every graphed forward run eagerly at the
 padded shape, its padding poisoned. Modes that pad every batch alike (the same
 `padding_signature` for target and drafter) share one reference run.
+
+Runs happen one after another in bounded memory: each run's engine, KV cache,
+graphs and pools are given back before the next starts (`release.measured`),
+and each run records its memory (CUDA: baseline, peak, leftover) and timing.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from parity.engine.parts import EngineParts
 from parity.engine.records import RunResult
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
 from parity.errors import ParityInputError
-from parity.graphs.factory import install_graphs, install_padded_reference
+from parity.graphs.factory import install_graphs, install_padded_reference, uninstall
 from parity.graphs.modes import EAGER, padding_signature
 from parity.graphs.policy import CapturePolicy
+from parity.harness.release import Stopwatch, measured
 from parity.harness.scenario import Scenario
 
 
@@ -33,6 +38,8 @@ class ModeRun:
     backend: str
     capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
     graph_replays: int | None = None              # graph replays really run (None: no graphs installed)
+    memory: dict | None = None     # CUDA: baseline, peak and leftover bytes of this run (release.measured)
+    timing: dict = field(default_factory=dict)    # capture and run seconds
 
 
 @dataclass
@@ -99,42 +106,65 @@ def request_specs(scenario: Scenario, tokenizer, config: EngineConfig) -> list[R
 
 def run_mode(pair, scenario: Scenario, mode: str, backend: str, device: torch.device,
              parts: EngineParts = EngineParts(), policy: CapturePolicy = CapturePolicy(), progress=None) -> ModeRun:
-    """Run the scenario once in `mode` on a fresh engine (fresh KV cache and graphs)."""
-    config = engine_config(scenario)
-    specs = request_specs(scenario, pair.tokenizer, config)
-    engine = SpecDecodeEngine(pair.target, pair.head, config, device, parts)
-    capture = install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode,
-                             capture_policy(scenario, policy))
-    result = engine.run(specs, progress=progress)
-    replays = [o.executor.replays for o in engine.owners() if hasattr(o.executor, "replays")]
-    return ModeRun(mode, result, backend, capture, sum(replays) if replays else None)
+    """Run the scenario once in `mode` on a fresh engine (fresh KV cache and graphs), released afterwards."""
+    def install(engine):
+        return install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode,
+                              capture_policy(scenario, policy))
+    return _run(pair, scenario, mode, backend, device, parts, install, progress)
 
 
 def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.device,
                   parts: EngineParts = EngineParts(), poison: bool = True, progress=None) -> ModeRun:
     """`mode`'s strict padded reference: its dispatcher, eager execution, padding poisoned (or not)."""
+    def install(engine):
+        install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode, poison=poison)
+        return {}
+    return _run(pair, scenario, name, "reference", device, parts, install, progress)
+
+
+def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: EngineParts, install,
+         progress) -> ModeRun:
+    """Build an engine, `install(engine)` its executors, run, and give every byte of it back."""
     config = engine_config(scenario)
     specs = request_specs(scenario, pair.tokenizer, config)
-    engine = SpecDecodeEngine(pair.target, pair.head, config, device, parts)
-    install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode, poison=poison)
-    return ModeRun(name, engine.run(specs, progress=progress), "reference")
+    watch = Stopwatch()
+
+    def go():
+        engine = SpecDecodeEngine(pair.target, pair.head, config, device, parts)
+        try:
+            with watch("capture_seconds"):
+                capture = install(engine)
+            with watch("run_seconds"):
+                result = engine.run(specs, progress=progress)
+            replays = [o.executor.replays for o in engine.owners() if hasattr(o.executor, "replays")]
+            return result, capture, sum(replays) if replays else None
+        finally:
+            uninstall(engine)
+
+    (result, capture, replays), memory = measured(go, device, f"the {name} run of {scenario.name}", scenario)
+    return ModeRun(name, result, backend, capture, replays, memory, watch.seconds)
 
 
 def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: EngineParts = EngineParts(),
-              policy: CapturePolicy = CapturePolicy(), progress=None) -> RunSet:
-    """Eager, each graph mode and each padded reference, on the same schedule.
+              policy: CapturePolicy = CapturePolicy(), progress=None, on_run=None) -> RunSet:
+    """Eager, each graph mode and each padded reference, on the same schedule, one after another.
 
     `progress`, when given, is told `start(name, num_requests)` before each run
-    and `advance(name, num_finished)` as requests finish.
+    and `advance(name, num_finished)` as requests finish; `on_run(run)`, when
+    given, gets each finished ModeRun (its memory and timing included).
     """
     runset = RunSet({}, reference_of=reference_names(modes, scenario))
     for mode in modes:
         runset.runs[mode] = run_mode(pair, scenario, mode, backend, device, parts, policy,
                                      progress=_ticker(progress, mode, scenario))
+        if on_run is not None:
+            on_run(runset.runs[mode])
     for mode, name in runset.reference_of.items():
         if name not in runset.references:
             runset.references[name] = run_reference(pair, scenario, mode, name, device, parts,
                                                     progress=_ticker(progress, name, scenario))
+            if on_run is not None:
+                on_run(runset.references[name])
     return runset
 
 

@@ -34,6 +34,7 @@ class RunRequest:
     draft_path: str | None = None
     dtype: str = "auto"
     bisect: bool = True
+    device_memory: float | None = None     # GiB the memory plan may use (None: what the device has free)
 
 
 def resolve_modes(requested: tuple[str, ...] | None, scenario: Scenario) -> tuple[str, ...]:
@@ -67,11 +68,16 @@ def load_request_scenario(scenario_path: str, seed: int | None) -> Scenario:
     return dataclasses.replace(scenario, seed=seed) if seed is not None else scenario
 
 
-def load_request_pair(request, device: torch.device):
-    """The model pair a request names, in the dtype it asks for, on `device`."""
+def load_request_pair(request, device: torch.device, kv_cache_tokens: int | None = None):
+    """The model pair a request names, in the dtype it asks for, on `device`.
+
+    `kv_cache_tokens`: the KV slots the scenario's engines allocate, which the
+    loader's memory check reserves (its default is a fixed 8192).
+    """
     entry = get_entry(request.model)
+    extra = {} if kv_cache_tokens is None else {"kv_cache_tokens": kv_cache_tokens}
     return load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
-                     dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device)
+                     dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device, **extra)
 
 
 def checkpoint_paths(pair) -> dict:

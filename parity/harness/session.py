@@ -6,6 +6,7 @@ The harness computes; the commands above it write artifacts and render.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 from parity.analysis.compare import compare_runs
@@ -15,8 +16,11 @@ from parity.analysis.summary import build_summary
 from parity.diagnose import bisect_mode
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
+from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
 from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
+from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
+from parity.harness.release import Stopwatch, measured
 from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
                                     resolve_backend, resolve_modes)
 from parity.harness.scenario import Scenario
@@ -29,28 +33,40 @@ class RunOutcome:
     scenario: Scenario
 
 
-def run_session(request: RunRequest, progress=None) -> RunOutcome:
-    """Every mode of the scenario, compared with eager; drifting modes bisected when asked."""
+def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
+    """Every mode of the scenario, compared with eager; drifting modes bisected when asked.
+
+    The memory plan is checked before any weight is read; `on_run(run)` gets
+    each finished run (its memory and timing) as it ends.
+    """
+    watch = Stopwatch()
     scenario = load_request_scenario(request.scenario_path, request.seed)
     modes = resolve_modes(request.modes, scenario)
     backend, device = resolve_backend(request.backend)
-    pair = load_request_pair(request, device)
-    runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress)
-    comparisons = compare_runs(runs, scenario)
-    check_padding(pair, scenario, device, request, runs, comparisons)
+    plan = plan_request(request, scenario, modes, device)
+    check_plan(plan)
+    with watch("load_seconds"):
+        pair = load_request_pair(request, device, kv_cache_tokens(scenario))
+    runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress, on_run)
+    with watch("analysis_seconds"):
+        comparisons = compare_runs(runs, scenario)
+        check_padding(pair, scenario, device, request, runs, comparisons)
     diagnoses = {}
     if request.bisect:
         drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
         for mode in drifting:
             padding = comparisons[mode].padding or {}
-            diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request,
-                                       padding.get("graph_equals_clean_reference", False)).as_dict()
+            with watch("bisect_seconds"):
+                diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request,
+                                           padding.get("graph_equals_clean_reference", False)).as_dict()
     first = next(iter(diagnoses.values()), None)
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
                             device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
                             **checkpoint_paths(pair),
                             diagnosis=first)
     summary["diagnoses"] = diagnoses
+    summary["memory_plan"] = plan.as_dict() if plan is not None else None
+    summary["timing"] = {**watch.seconds, "runs": {name: run.timing for name, run in runs.all_runs().items()}}
     return RunOutcome(summary, runs, scenario)
 
 
@@ -86,7 +102,8 @@ def bisect_session(request: RunRequest, mode: str | None) -> dict:
         raise ParityInputError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
     if mode == EAGER:
         raise ParityInputError("--mode eager: eager is the reference; bisect a graph mode")
-    pair = load_request_pair(request, device)
+    check_plan(plan_request(request, scenario, resolve_modes(request.modes, scenario), device))
+    pair = load_request_pair(request, device, kv_cache_tokens(scenario))
     if mode is None:
         modes = resolve_modes(request.modes, scenario)
         runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy)
@@ -100,15 +117,26 @@ def bisect_session(request: RunRequest, mode: str | None) -> dict:
 
 def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, request: RunRequest,
              graph_matches_clean_reference: bool = False):
-    """Bisect `mode` on engines built exactly as `parity run` builds them."""
+    """Bisect `mode` on engines built exactly as `parity run` builds them; every engine released after."""
     config = engine_config(scenario)
     specs = request_specs(scenario, pair.tokenizer, config)
+    engines: list = []
 
     def make_engine():
-        return SpecDecodeEngine(pair.target, pair.head, config, device, request.parts)
+        engine = SpecDecodeEngine(pair.target, pair.head, config, device, request.parts)
+        engines.append(weakref.ref(engine))
+        return engine
+
+    def bisect():
+        try:
+            return bisect_mode(make_engine, specs, mode, backend, scenario,
+                               capture_policy(scenario, request.policy), graph_matches_clean_reference)
+        finally:
+            for ref in engines:
+                if ref() is not None:
+                    uninstall(ref())
 
     start = time.perf_counter()
-    diagnosis = bisect_mode(make_engine, specs, mode, backend, scenario, capture_policy(scenario, request.policy),
-                            graph_matches_clean_reference)
+    diagnosis, _ = measured(bisect, device, f"the bisection of {mode} on {scenario.name}", scenario)
     diagnosis.timing = {"bisect_seconds": round(time.perf_counter() - start, 3)}
     return diagnosis

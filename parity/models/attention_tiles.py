@@ -113,3 +113,16 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
     token = token.clamp_(max=plan.num_tokens - 1)
     shape = (plan.num_tiles, tile_len)
     return TileMap(token.view(shape), idle.view(shape), row.view(shape)[:, 0])
+
+
+def transient_bytes(plan: TilePlan, heads: int, head_dim: int, itemsize: int, block_size: int) -> int:
+    """The most one attention call of this shape allocates at once (what a memory plan counts).
+
+    The working set of its longest context chunk (`bytes_per_key` per key
+    position), the per-slot state (q gathered in the query dtype and in fp32,
+    the fp32 accumulator of D + 4, the result in the query dtype) and the
+    output [T + 1, H, D]: an upper bound, whatever max_model_len is.
+    """
+    longest = max(n for _, n in plan.chunks) * block_size
+    per_slot = plan.num_slots * heads * (2 * head_dim * itemsize + (2 * head_dim + 4) * 4)
+    return plan.bytes_per_key * longest + per_slot + (plan.num_tokens + 1) * heads * head_dim * itemsize

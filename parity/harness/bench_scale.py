@@ -1,0 +1,141 @@
+"""Real-shape benchmarks (`parity bench scale`): a pair in bf16 on one GPU, forward by forward and run by run.
+
+1. Per forward, for verify, draft_prefill and draft_step at batch 1, 8 and 32
+   (uniform decode batches, max_model_len 512): eager and FULL medians
+   (interleaved in one loop); one FULL replay's kernels and their summed GPU
+   time (torch.profiler: the replay itself when the profiler sees inside the
+   graph, else the same forward run eagerly at the graph's padded shape, which
+   launches the very kernels the replay does); replay wall time over that GPU
+   time (how far launch and sync overhead are gone); and the weight-read floor:
+   the bytes a forward must read from HBM (every target weight but the
+   embedding table for verify; the head's own weights and the lm_head for the
+   drafter) over the measured bandwidth of a large device-to-device copy
+   (read + write counted).
+2. A whole run of a scenario in every mode (or a saved run's summary.json):
+   wall time, load, capture and run time per mode, analysis; memory per run
+   (peak allocated and reserved, leftover) next to the memory plan.
+
+Computes and returns plain dicts; `parity bench scale` prints and saves them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from parity.graphs.descriptor import PHASES
+from parity.harness.bench import forward_engines, interleaved_medians, prepare_forward
+from parity.harness.session import run_session
+
+COPY_BYTES = 1 << 31
+
+
+def hbm_bandwidth(device, nbytes: int = COPY_BYTES, iters: int = 20) -> float:
+    """Bytes per second of a device-to-device copy of `nbytes`, reads and writes both counted."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes * iters / seconds
+
+
+def gpu_kernels(call, device) -> tuple[int, float]:
+    """(kernels launched, their summed GPU milliseconds) of one `call()`; memcpy and memset not counted as
+    kernels but their time is."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize(device)
+    device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernels = [e for e in device_events if not e.name.startswith(("Memcpy", "Memset"))]
+    return len(kernels), sum(e.time_range.elapsed_us() for e in device_events) / 1e3
+
+
+def weight_bytes(pair) -> dict:
+    """Bytes a verify forward and a drafter forward read from HBM: every target weight but the embedding
+    table (only T rows of it are read); the head's own weights and the lm_head (shared or its own)."""
+    target = {p.data_ptr(): p.nbytes for p in pair.target.parameters()}
+    own = {p.data_ptr(): p.nbytes for p in pair.head.parameters() if p.data_ptr() not in target}
+    draft = sum(own.values())
+    lm_head, embed = pair.head.lm_head.weight, pair.head.embed_tokens.weight
+    if lm_head.data_ptr() not in own:
+        draft += lm_head.nbytes
+    if embed.data_ptr() in own:
+        draft -= embed.nbytes
+    return {"target": sum(target.values()), "head": sum(own.values()),
+            "verify_reads": sum(target.values()) - pair.target.embed_tokens.weight.nbytes, "draft_reads": draft}
+
+
+def scale_forwards(pair, device, batches=(1, 8, 32), iters: int = 20, max_model_len: int = 512,
+                   backend: str = "cuda") -> dict:
+    """Eager vs FULL per forward, replay vs kernel time, kernels per forward, the weight-read floor.
+
+    Graphs are captured for exactly the batch timed (capture size = batch): six per engine.
+    """
+    bandwidth = hbm_bandwidth(device)
+    reads = weight_bytes(pair)
+    rows = []
+    for batch in batches:
+        with forward_engines(pair, device, backend, ("eager", "full"), batch, max_model_len,
+                             capture_sizes=(batch,)) as engines:
+            for phase in PHASES:
+                prepared = {mode: prepare_forward(engine, phase, batch) for mode, engine in engines.items()}
+                full = prepared["full"]
+                medians = interleaved_medians(prepared, device, iters)
+                try:
+                    seen, replay_gpu_ms = gpu_kernels(full.call, device)
+                except RuntimeError:      # a profiler that cannot trace graph replays
+                    seen, replay_gpu_ms = 0, 0.0
+                kernels, eager_gpu_ms = gpu_kernels(full.eager_at_padded_shape, device)
+                gpu_ms = replay_gpu_ms if seen else eager_gpu_ms
+                floor_ms = (reads["verify_reads"] if phase == "verify" else reads["draft_reads"]) / bandwidth * 1e3
+                rows.append({
+                    "phase": phase, "batch": batch, "runtime": full.dispatch.runtime_mode,
+                    "eager_ms": round(medians["eager"] * 1e3, 3),
+                    "full_ms": round(medians["full"] * 1e3, 3),
+                    "speedup": round(medians["eager"] / medians["full"], 2),
+                    "kernels": kernels, "kernels_seen_in_replay": seen,
+                    "gpu_ms": round(gpu_ms, 3), "replay_over_gpu": round(medians["full"] * 1e3 / gpu_ms, 3),
+                    "floor_ms": round(floor_ms, 3), "full_over_floor": round(medians["full"] * 1e3 / floor_ms, 2)})
+    return {"bandwidth_gb_s": round(bandwidth / 1e9, 1), "weights": reads, "max_model_len": max_model_len,
+            "iters": iters, "forwards": rows}
+
+
+def run_figures(summary: dict, wall_seconds: float | None = None) -> dict:
+    """A run's breakdown from its summary.json: time (load, capture and run per mode, analysis) and memory."""
+    timing = summary.get("timing") or {}
+    runs = timing.get("runs") or {}
+    memory = {name: m["memory"] for name, m in summary["modes"].items()}
+    memory.update({name: r.get("memory") for name, r in (summary.get("references") or {}).items()})
+    plan = summary.get("memory_plan") or {}
+    return {
+        "model": summary["model"], "scenario": summary["scenario"], "verdict": summary["verdict"],
+        "wall_seconds": wall_seconds,
+        "load_seconds": timing.get("load_seconds"), "analysis_seconds": timing.get("analysis_seconds"),
+        "bisect_seconds": timing.get("bisect_seconds", 0.0),
+        "runs": {name: {**t, **(memory.get(name) or {}),
+                        "plan_bytes": (plan.get("modes") or {}).get(name, {}).get("total_bytes"),
+                        "verdict": summary["modes"].get(name, {}).get("verdict"),
+                        "mean_acceptance_length": summary["modes"].get(name, {}).get("mean_acceptance_length")}
+                 for name, t in runs.items()},
+    }
+
+
+def time_scale_run(request) -> dict:
+    """Run `request` (every mode of its scenario) in this process and return its figures with the wall time."""
+    start = time.perf_counter()
+    outcome = run_session(request)
+    return run_figures(outcome.summary, round(time.perf_counter() - start, 2))

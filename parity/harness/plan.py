@@ -1,0 +1,267 @@
+"""The memory plan: what every mode's run will hold, from config files and the scenario, before any allocation.
+
+Runs happen one after another and give everything back (`release.py`), so a
+mode needs the weights (loaded once) plus what its own run holds:
+
+- **KV cache**: target layers + the head's layer, (max_num_seqs x blocks_per_seq
+  x block_size + 1 trash row) slots each, exactly as `engine/kv_cache.py`
+  allocates it;
+- **buffers**: the persistent input buffers of both owners, exactly as
+  registered (the drafter's [max_num_seqs, K, vocab] fp32 distributions dominate);
+- **graphs**: per owner, the pool of its captures: the largest moment of its
+  largest captured forward (`activations.py`; graphs of one owner share a
+  pool, the drafter's is separate unless shared), plus what PIECEWISE graphs
+  keep alive (each piece's q/k/v and attention output);
+- **activations**: the largest forward that runs outside graphs (eager mode,
+  a batch no graph covers, PIECEWISE's eager attention) and the verify output's
+  log-softmax the records take, [max_num_batched_tokens, vocab] in fp32;
+- **slack**: 256 MiB + 5% of the run for the caching allocator's rounding.
+
+The budget is the device's free memory (`torch.cuda.mem_get_info`), available
+RAM on the CPU, or `--device-memory GIB`. Over budget is one line (exit 2)
+naming the figures and the knob to lower, before any weight is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from parity.errors import OutOfDeviceMemory, ParityInputError
+from parity.graphs.dispatcher import Dispatcher
+from parity.graphs.modes import EAGER, FULL, PIECEWISE, default_capture_sizes, fallback_for, validate_capture_sizes
+from parity.harness.activations import (FP32, Dims, Geometry, attention_bytes, draft_bytes, pieces_bytes,
+                                        verify_bytes)
+from parity.harness.modes import engine_config
+from parity.harness.request import load_request_scenario, resolve_backend, resolve_dtype, resolve_modes
+from parity.models import memory
+from parity.models.zoo import get_entry, resolve_paths
+
+GIB = 1 << 30
+SLACK_BYTES = 256 << 20
+SLACK_SHARE = 0.05
+COMPONENTS = ("kv_cache", "buffers", "graphs_target", "graphs_drafter", "pieces", "activations", "slack")
+
+
+@dataclass
+class ModePlan:
+    mode: str
+    kv_cache: int = 0
+    buffers: int = 0
+    graphs_target: int = 0       # the target's graph pool
+    graphs_drafter: int = 0      # the drafter's pool (0 when it shares the target's)
+    pieces: int = 0              # q/k/v and attention outputs PIECEWISE graphs keep
+    activations: int = 0         # forwards outside graphs, and the records' log-softmax
+    slack: int = 0
+    graphs: int = 0              # how many graphs the run captures
+
+    @property
+    def run_bytes(self) -> int:
+        return sum(getattr(self, name) for name in COMPONENTS)
+
+    @property
+    def graph_bytes(self) -> int:
+        return self.graphs_target + self.graphs_drafter + self.pieces
+
+
+@dataclass
+class MemoryPlan:
+    model: str
+    dtype: str
+    weights: int
+    modes: dict[str, ModePlan]
+    knobs: dict                           # the scenario's figures a user can lower
+    budget: int | None = None
+    budget_source: str = ""
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+
+    def total(self, mode: str) -> int:
+        return self.weights + self.modes[mode].run_bytes
+
+    @property
+    def worst(self) -> str:
+        return max(self.modes, key=self.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or all(self.total(m) <= self.budget for m in self.modes)
+
+    def message(self) -> str:
+        """One line: the mode that does not fit, its figures in GiB, the budget and the knob to lower."""
+        worst = self.modes[self.worst]
+        parts = ", ".join(f"{label} {value / GIB:.1f}" for label, value in (
+            ("weights", self.weights), ("KV cache", worst.kv_cache), ("buffers", worst.buffers),
+            ("graphs", worst.graph_bytes), ("activations", worst.activations), ("slack", worst.slack)))
+        return (f"memory plan: the {worst.mode} run of {self.model} in {self.dtype} needs "
+                f"{self.total(worst.mode) / GIB:.1f} GiB ({parts}) but {self.budget_source} is "
+                f"{(self.budget or 0) / GIB:.1f} GiB; {self.knob()} (`parity run --plan` shows every mode)")
+
+    def knob(self) -> str:
+        """What to lower, from the component that dominates the worst run."""
+        worst, k = self.modes[self.worst], self.knobs
+        if self.weights + SLACK_BYTES > (self.budget or 0):
+            return "the weights alone do not fit: use a smaller --dtype or a larger device"
+        biggest = max(("graphs", worst.graph_bytes), ("activations", worst.activations),
+                      ("kv", worst.kv_cache), key=lambda item: item[1])[0]
+        if biggest == "kv":
+            hint = f"lower max_model_len ({k['max_model_len']}) or max_num_seqs ({k['max_num_seqs']})"
+        elif biggest == "graphs":
+            hint = (f"lower max_num_batched_tokens ({k['max_num_batched_tokens']}) or capture_sizes (largest "
+                    f"{k['largest_capture_size']})")
+        else:
+            hint = f"lower max_num_batched_tokens ({k['max_num_batched_tokens']})"
+        fitting = [m for m in self.modes if self.budget is not None and self.total(m) <= self.budget]
+        if fitting:
+            over = [m for m in self.modes if m not in fitting]
+            hint += f", or leave out --modes {','.join(over)}"
+        return hint + f" in {k['scenario']}"
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "dtype": self.dtype, "device": self.device, "weights_bytes": self.weights,
+                "budget_bytes": self.budget, "budget_source": self.budget_source, "fits": self.fits,
+                "knobs": self.knobs, "notes": self.notes,
+                "modes": {m: {**{f"{c}_bytes": getattr(p, c) for c in COMPONENTS}, "graphs": p.graphs,
+                              "total_bytes": self.total(m)} for m, p in self.modes.items()}}
+
+
+def make_plan(target: dict, head: dict, dtype: torch.dtype, scenario, modes, model: str = "",
+              policy_shared_pool: bool = False) -> MemoryPlan:
+    """The plan of `modes` for a pair given by its config.json dicts (no budget yet)."""
+    s = dtype.itemsize
+    cfg = engine_config(scenario)
+    sizes = validate_capture_sizes(scenario.capture_sizes) if scenario.capture_sizes is not None \
+        else default_capture_sizes(cfg.max_num_batched_tokens)
+    shapes = _Shapes(target, head, s, cfg)
+    plans = {mode: _mode_plan(mode, shapes, cfg, sizes, scenario.drafter_mode,
+                              policy_shared_pool or scenario.shared_drafter_pool) for mode in modes}
+    knobs = {"scenario": scenario.path, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+             "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs,
+             "largest_capture_size": max((s_ for s_ in sizes if s_ <= cfg.max_num_batched_tokens), default=0)}
+    weights = (memory.target_params(target) + memory.head_params(head)) * s
+    return MemoryPlan(model, str(dtype).removeprefix("torch."), weights, plans, knobs,
+                      notes=["padded references run eagerly at padded shapes: they need no more than eager"])
+
+
+class _Shapes:
+    """The pair's dims and the engine's exact KV cache and buffer bytes for one engine config."""
+
+    def __init__(self, target: dict, head: dict, itemsize: int, cfg):
+        self.eagle3 = "draft_vocab_size" in head or "Eagle3" in " ".join(map(str, head.get("architectures") or []))
+        self.t = Dims.of(target)
+        # NOTE: an EAGLE-3 head's logits come out in the target vocabulary (its draft ids scattered
+        # through d2t), so its sampling and the drafter's buffers are target-vocabulary wide too.
+        self.h = Dims.of(head, layers=head.get("num_hidden_layers", 1), vocab=target["vocab_size"])
+        self.s = itemsize
+        self.geometry = Geometry(cfg.block_size, cfg.max_model_len, cfg.blocks_per_seq)
+        self.aux = 3 * self.t.hidden if self.eagle3 else 0
+        slots = cfg.num_blocks * cfg.block_size + 1
+        self.kv_cache = sum(2 * d.layers * slots * d.kv_heads * d.head_dim * itemsize for d in (self.t, self.h))
+        T, R, K = cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.num_speculative_tokens
+        attention = 8 * (4 * T + (R + 1) + R + R * cfg.blocks_per_seq + R)   # register_attention_buffers
+        drafter = T * self.h.hidden * itemsize + 8 * R + 8 + R * K * (8 + 4 + 4) + R * K * self.h.vocab * FP32
+        self.buffers = 2 * attention + drafter
+
+    def forward(self, owner: str, tokens: int, rows: int, attention: bool) -> int:
+        if owner == "target":
+            return verify_bytes(self.t, tokens, rows, self.s, self.geometry, attention, self.aux)
+        return draft_bytes(self.h, tokens, rows, self.s, self.geometry, attention)
+
+    def dims(self, owner: str) -> Dims:
+        return self.t if owner == "target" else self.h
+
+
+def _phases(cfg) -> dict[str, list[tuple[str, int, int]]]:
+    """Each owner's forwards as (phase, largest batch in tokens, uniform query length), as the owners declare."""
+    q = cfg.num_speculative_tokens + 1
+    return {"target": [("verify", cfg.max_num_batched_tokens, q)],
+            "drafter": [("draft_prefill", cfg.max_num_batched_tokens, q), ("draft_step", cfg.max_num_seqs, 1)]}
+
+
+def _mode_plan(mode: str, shapes: _Shapes, cfg, sizes, drafter_mode, shared_pool: bool) -> ModePlan:
+    plan = ModePlan(mode, kv_cache=shapes.kv_cache, buffers=shapes.buffers)
+    T, R = cfg.max_num_batched_tokens, cfg.max_num_seqs
+    peaks, eager, piecewise_tokens = {}, [], 0
+    for owner, phases in _phases(cfg).items():
+        owner_mode = mode if owner == "target" else drafter_mode or mode
+        dispatcher = Dispatcher(owner_mode, sizes, R, T, {p: q for p, _, q in phases})
+        peaks[owner] = 0
+        for phase, max_tokens, _ in phases:
+            for runtime, _, tokens, rows in dispatcher.capture_plan(phase, max_tokens):
+                plan.graphs += 1
+                peaks[owner] = max(peaks[owner], shapes.forward(owner, tokens, rows, attention=runtime == FULL))
+                if runtime == PIECEWISE:
+                    plan.pieces += pieces_bytes(shapes.dims(owner), tokens, shapes.s)
+                    piecewise_tokens = max(piecewise_tokens, tokens)
+        # A batch runs eagerly when the mode says so, or when it outgrows every token-keyed graph.
+        if fallback_for(owner_mode) == EAGER or not dispatcher.token_sizes or max(dispatcher.token_sizes) < T:
+            eager.append(shapes.forward(owner, T, min(R, T), attention=True))
+    if shared_pool:
+        plan.graphs_target = max(peaks.values())
+    else:
+        plan.graphs_target, plan.graphs_drafter = peaks["target"], peaks["drafter"]
+    if piecewise_tokens:
+        eager.append(attention_bytes(shapes.t, piecewise_tokens, min(R, piecewise_tokens), shapes.s,
+                                     shapes.geometry))
+    target_eager = fallback_for(mode) == EAGER or max((s for s in sizes if s <= T), default=0) < T
+    records = T * shapes.t.vocab * FP32 * (2 if target_eager else 1)   # logits (when eager) + their log-softmax
+    plan.activations = max(eager + [records])
+    plan.slack = SLACK_BYTES + int(SLACK_SHARE * plan.run_bytes)
+    return plan
+
+
+def device_budget(device: torch.device, device_memory_gib: float | None = None) -> tuple[int | None, str]:
+    """(bytes a run may use, where that figure comes from): --device-memory, the GPU's free memory, or RAM."""
+    if device_memory_gib is not None:
+        return int(device_memory_gib * GIB), f"--device-memory {device_memory_gib:g} GiB"
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return free, f"the free memory of {device} ({total / GIB:.1f} GiB in all)"
+    return memory._available_ram(), "the available RAM"
+
+
+def plan_pair(target_dir, draft_dir, dtype: torch.dtype, scenario, modes, device: torch.device, model: str = "",
+              device_memory_gib: float | None = None, shared_pool: bool = False) -> MemoryPlan | None:
+    """The plan for the checkpoints in two folders (their config.json only), with the budget; None when a
+    config is missing or malformed (the loader then names the file)."""
+    target, head = memory._config(target_dir), memory._config(draft_dir)
+    try:
+        plan = make_plan(target, head, dtype, scenario, modes, model, shared_pool)
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    plan.budget, plan.budget_source = device_budget(device, device_memory_gib)
+    plan.device = str(device)
+    return plan
+
+
+def check_plan(plan: MemoryPlan | None) -> None:
+    """Refuse, in one line, a plan that does not fit its budget."""
+    if plan is not None and not plan.fits:
+        raise OutOfDeviceMemory(plan.message())
+
+
+def kv_cache_tokens(scenario) -> int:
+    """The KV slots an engine of this scenario allocates per layer (what the loader's memory check reserves)."""
+    cfg = engine_config(scenario)
+    return cfg.num_blocks * cfg.block_size
+
+
+def plan_request(request, scenario, modes, device: torch.device) -> MemoryPlan | None:
+    """The plan of a `parity run` / `bisect` / `gate` request: its pair's configs, dtype, scenario and modes."""
+    entry = get_entry(request.model)
+    target_dir, draft_dir = resolve_paths(request.model, request.target_path, request.draft_path)
+    dtype = resolve_dtype(request.dtype, entry.embedded, device)
+    return plan_pair(target_dir, draft_dir, dtype, scenario, modes, device, request.model,
+                     getattr(request, "device_memory", None), request.policy.shared_drafter_pool)
+
+
+def plan_of(request) -> MemoryPlan:
+    """`parity run --plan`: the plan of a request, from its scenario and pair configs alone."""
+    scenario = load_request_scenario(request.scenario_path, request.seed)
+    _, device = resolve_backend(request.backend)
+    plan = plan_request(request, scenario, resolve_modes(request.modes, scenario), device)
+    if plan is None:
+        raise ParityInputError(f"{request.model}: no memory plan: a config.json of the pair is missing or lacks "
+                               f"hidden_size / num_attention_heads / vocab_size")
+    return plan

@@ -1,0 +1,61 @@
+"""Renderers of `parity bench` figures: real-shape forwards, a run's breakdown, clean-engine false alarms, audit cost.
+
+Plain dicts in (what the harness measured), rich tables out; nothing computed
+but units.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from parity.report.memory import human
+
+
+def forwards_table(figures: dict) -> Table:
+    """Per phase and batch: eager and FULL ms, speedup, kernels, replay over GPU time, the weight-read floor."""
+    table = Table(title=f"forwards at max_model_len {figures['max_model_len']} · HBM copy "
+                        f"{figures['bandwidth_gb_s']} GB/s · median of {figures['iters']}", title_justify="left")
+    for column in ("phase", "batch", "eager ms", "full ms", "x", "kernels", "gpu ms", "replay/gpu", "floor ms",
+                   "full/floor"):
+        table.add_column(column, justify="left" if column == "phase" else "right", no_wrap=True)
+    for r in figures["forwards"]:
+        kernels = f"{r['kernels']}" + ("" if r["kernels_seen_in_replay"] else "*")
+        table.add_row(r["phase"], str(r["batch"]), f"{r['eager_ms']:.2f}", f"{r['full_ms']:.2f}",
+                      f"{r['speedup']:.1f}", kernels, f"{r['gpu_ms']:.2f}", f"{r['replay_over_gpu']:.2f}",
+                      f"{r['floor_ms']:.2f}", f"{r['full_over_floor']:.2f}")
+    table.caption = ("kernels*: counted on the forward run eagerly at the graph's padded shape (the profiler saw no "
+                     "kernel inside the replay); floor: bytes read / copy bandwidth")
+    table.caption_justify = "left"
+    return table
+
+
+def run_table(run: dict) -> Table:
+    """A whole run, run by run: capture and run seconds, peak and leftover memory, the plan's figure."""
+    wall = f" · wall {run['wall_seconds']:.1f} s" if run.get("wall_seconds") else ""
+    table = Table(title=f"{run['model']} / {run['scenario']} · {run['verdict']}{wall} · load "
+                        f"{run['load_seconds']} s · analysis {run['analysis_seconds']} s · bisection "
+                        f"{run['bisect_seconds']} s", title_justify="left")
+    for column in ("run", "capture s", "run s", "peak", "peak reserved", "leftover", "plan", "verdict", "len"):
+        table.add_column(column, justify="left" if column == "run" else "right", no_wrap=True)
+    for name, r in run["runs"].items():
+        table.add_row(name, f"{r.get('capture_seconds', 0):.2f}", f"{r.get('run_seconds', 0):.2f}",
+                      human(r.get("peak_bytes")), human(r.get("peak_reserved_bytes")), human(r.get("leftover_bytes")),
+                      human(r.get("plan_bytes")), r.get("verdict") or "-",
+                      f"{r['mean_acceptance_length']:.3f}" if r.get("mean_acceptance_length") is not None else "-")
+    return table
+
+
+def alarms_line(result: dict) -> str:
+    """One line: false alarms over mode runs, and the numerics the verdicts were not fooled by."""
+    return (f"clean-engine false alarms ({result['dtype']}, padding numerics x{result['scale']:g}, {result['seeds']} "
+            f"seed(s) x {len(result['scenarios'])} scenarios x 4 graph modes, {result['requests']} requests x "
+            f"{result['max_tokens']} tokens, {result['backend']}): {result['false_alarms']}/{result['mode_runs']}; "
+            f"numerics seen: max |d logprob| {result['max_abs_logprob_diff']:.3g}, {result['token_flips']} token "
+            f"flips, {result['draft_flips']} draft flips, {result['near_ties']} at a near tie")
+
+
+def audit_line(result: dict) -> str:
+    ms, over = result["replay_ms"], result["overhead"]
+    return (f"parity.audit overhead ({result['backend']}, {result['device']}, median of {result['iterations']}): "
+            f"plain replay {ms['plain']:.3f} ms; checked every replay {over['every_1']:.2f}x, every 16th "
+            f"{over['every_16']:.2f}x")

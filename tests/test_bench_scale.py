@@ -1,0 +1,109 @@
+"""`parity bench scale` and the default `parity bench` steps, on what a CPU can run.
+
+The CUDA-only measurements (copy bandwidth, profiler kernel times) are stood
+in for; everything around them (engines per batch with graphs of exactly that
+batch, interleaved timing, rows, the run breakdown from a summary, the
+tables) runs for real on the emulated backend.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from rich.console import Console
+
+import parity.harness.bench_scale as bench_scale
+from parity.harness.bench_scale import run_figures, scale_forwards, time_scale_run, weight_bytes
+from parity.harness.clean_alarms import clean_alarms, shipped_scenarios
+from parity.harness.gpu_scale import Steps, report
+from parity.harness.request import RunRequest
+from parity.models.pair import load_pair
+from parity.report.bench import alarms_line, forwards_table, run_table
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair("tiny-llama3-eagle")
+
+
+def test_scale_forwards_rows(pair, monkeypatch):
+    monkeypatch.setattr(bench_scale, "hbm_bandwidth", lambda device: 1e9)
+    monkeypatch.setattr(bench_scale, "gpu_kernels", lambda call, device: (call(), (7, 0.5))[1])
+    figures = scale_forwards(pair, torch.device("cpu"), batches=(1, 4), iters=2, max_model_len=64,
+                             backend="emulated")
+    rows = figures["forwards"]
+    assert [(r["phase"], r["batch"]) for r in rows] == [(p, b) for b in (1, 4)
+                                                        for p in ("verify", "draft_prefill", "draft_step")]
+    assert all(r["runtime"] == "full" and r["kernels"] == 7 and r["eager_ms"] > 0 for r in rows)
+    reads = weight_bytes(pair)
+    assert rows[0]["floor_ms"] == pytest.approx(reads["verify_reads"] / 1e9 * 1e3, rel=1e-3)
+    assert reads["verify_reads"] < reads["target"] and 0 < reads["draft_reads"] < reads["verify_reads"]
+    Console(width=120, file=open("/dev/null", "w")).print(forwards_table(figures))
+
+
+def test_run_breakdown_from_a_run(tmp_path):
+    figures = time_scale_run(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", ("eager", "full"),
+                                        "emulated", bisect=False))
+    assert figures["verdict"] == "pass" and figures["wall_seconds"] > 0 and figures["load_seconds"] >= 0
+    assert set(figures["runs"]) == {"eager", "full", "ref:full"}
+    assert figures["runs"]["full"]["capture_seconds"] > 0 and figures["runs"]["full"]["plan_bytes"] > 0
+    assert figures["runs"]["ref:full"]["plan_bytes"] is None
+    console = Console(width=120, record=True, file=open("/dev/null", "w"))
+    console.print(run_table(figures))
+    assert "ref:full" in console.export_text()
+
+
+def test_bench_scale_reads_a_saved_run(tmp_path, capsys, monkeypatch):
+    from parity.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "--modes", "eager,full", "--backend", "emulated", "--quiet", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    figures = run_figures(summary)
+    assert figures["runs"]["full"]["verdict"] == "pass" and figures["wall_seconds"] is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "scale", "--run-summary", str(out / "summary.json")]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+    steps = Steps(tmp_path, budget=3)
+    assert steps.run("late", ["true"], cap=60) == "skipped"
+    text = report(steps, out / "summary.json", tmp_path / "missing.json")
+    assert "late" in text and "skipped" in text and "ref:full" in text and "PASS" in text
+
+
+def test_gpu_scale_without_cuda_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    from parity.harness import gpu_scale
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    assert gpu_scale.main([]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "needs one CUDA GPU" in lines[0] and "nothing was run" in lines[0]
+    assert captured.out == "" and not (tmp_path / "out").exists()
+
+
+def test_clean_engine_has_no_false_alarm_under_padding_numerics():
+    """One scenario, one seed: the verdicts pass while the references move against eager."""
+    result = clean_alarms(paths=[shipped_scenarios()[0]], seeds=1, requests=2, max_tokens=8)
+    assert result["mode_runs"] == 4 and result["false_alarms"] == 0
+    assert result["max_abs_logprob_diff"] > 0, "the seam moved the padded references"
+    assert "0/4" in alarms_line(result)
+    names = {p.stem for p in shipped_scenarios()}
+    assert "default" in names and not names & {"llama3-eagle", "long-context-8k"}
+
+
+@pytest.mark.slow
+def test_default_bench_finishes_quickly(tmp_path):
+    """`make bench` on the CPU: every default step, in a few minutes."""
+    from parity.cli import main
+
+    start = time.perf_counter()
+    assert main(["bench", "--json", str(tmp_path / "bench.json"), "--iters", "5"]) == 0
+    took = time.perf_counter() - start
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert set(report) >= {"latency", "parity", "bisect", "audit", "alarms"}
+    assert report["alarms"]["false_alarms"] == 0
+    assert took < 300, f"parity bench took {took:.0f} s"
