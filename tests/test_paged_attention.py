@@ -349,3 +349,13 @@ def test_emulated_capture_replays_new_metadata_bitwise_equal_to_eager():
         assert all(torch.equal(a, b) for a, b in zip(after_replay, base.kv.tensors()))
         assert not torch.isnan(eager[0, :t]).any()
         assert torch.equal(eager[0, t:], torch.zeros_like(eager[0, t:]))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=-1000, max_value=1000), min_size=1, max_size=40))
+def test_scan_free_prefix_equals_torch_scans(values):
+    from parity.models.attention_tiles import prefix
+
+    x = torch.tensor(values, dtype=torch.int64)
+    assert torch.equal(prefix(x, "sum"), x.cumsum(0))
+    assert torch.equal(prefix(x, "max"), torch.cummax(x, 0).values)

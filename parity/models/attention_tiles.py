@@ -74,6 +74,21 @@ class TileMap:
     tile_row: torch.Tensor  # [num_tiles] request row of each tile
 
 
+def prefix(x: torch.Tensor, op: str) -> torch.Tensor:
+    """Inclusive prefix max or sum of a short integer vector (one entry per request), without a scan kernel.
+
+    CUDA's scans take temporary storage from the caching allocator, which inside
+    a capture is a block of the graph's pool that the emulated pool never sees
+    (the two backends' pools would part). A masked reduction over a lower
+    triangle gives the same integers and allocates only tensors both backends see.
+    """
+    n = x.shape[0]
+    lower = torch.ones(n, n, dtype=torch.bool, device=x.device).tril_()
+    if op == "max":
+        return torch.where(lower, x.unsqueeze(0), torch.iinfo(x.dtype).min).amax(dim=1)
+    return torch.where(lower, x.unsqueeze(0), 0).sum(dim=1)
+
+
 def tile_map(meta, plan: TilePlan) -> TileMap:
     """Place the batch's tokens in the plan's tiles, on the device.
 
@@ -88,7 +103,7 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
     # query_start_loc (a fault under test) need not. Forcing that shape, a no-op
     # on good metadata, keeps the rows' token ranges disjoint and inside the
     # batch, so no token is written twice (which a GPU would do in any order).
-    qsl = torch.cummax(meta.query_start_loc, 0).values.clamp_(max=plan.num_tokens)
+    qsl = prefix(meta.query_start_loc, "max").clamp_(max=plan.num_tokens)
     starts, ends = qsl[:-1], qsl[1:]
     tile_len = plan.tile_len
     slots = torch.arange(plan.num_slots, device=qsl.device)
@@ -103,7 +118,7 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
         # token plus the padding of rows 0..r, and its tokens sit shifted by the
         # padding of the rows before it.
         pad = torch.remainder(starts - ends, tile_len)
-        pad_end = pad.cumsum(0)
+        pad_end = prefix(pad, "sum")
         span_end = ends + pad_end
         shift = pad - pad_end
         row = torch.searchsorted(span_end[:-1], slots, right=True)
