@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 import json
 from pathlib import Path
@@ -130,6 +132,7 @@ def test_over_budget_8b_exits_2_in_one_line_before_loading(tmp_path, monkeypatch
     line = lines[0]
     assert line.startswith("parity: error: memory plan: the piecewise run of local in bfloat16 needs")
     assert "weights 15.4" in line and "--device-memory 40 GiB is 40.0 GiB" in line
+    assert re.search(r"buffers 0\.\d\d,", line), line       # under 1 GiB: two decimals, never a bare 0.0
     assert "lower max_num_batched_tokens (16384) or capture_sizes (largest 16384)" in line
     assert "leave out --modes" in line and not out.exists() and captured.out == ""
 

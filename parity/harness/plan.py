@@ -91,7 +91,7 @@ class MemoryPlan:
     def message(self) -> str:
         """One line: the mode that does not fit, its figures in GiB, the budget and the knob to lower."""
         worst = self.modes[self.worst]
-        parts = ", ".join(f"{label} {value / GIB:.1f}" for label, value in (
+        parts = ", ".join(f"{label} {_gib(value)}" for label, value in (
             ("weights", self.weights), ("KV cache", worst.kv_cache), ("buffers", worst.buffers),
             ("graphs", worst.graph_bytes), ("activations", worst.activations), ("slack", worst.slack)))
         return (f"memory plan: the {worst.mode} run of {self.model} in {self.dtype} needs "
@@ -265,3 +265,8 @@ def plan_of(request) -> MemoryPlan:
         raise ParityInputError(f"{request.model}: no memory plan: a config.json of the pair is missing or lacks "
                                f"hidden_size / num_attention_heads / vocab_size")
     return plan
+
+
+def _gib(value: float) -> str:
+    """GiB with one decimal, two below 1 GiB (a 0.05 GiB cache is not 0.0)."""
+    return f"{value / GIB:.{1 if value >= GIB else 2}f}"
