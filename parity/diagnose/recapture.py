@@ -68,7 +68,7 @@ def diagnose(bisector, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ru
     if recaptured_matches({}):
         restore(snaps["graph"])
         moved = sorted(k for k, t in entry.captured_contents.items() if k in registries
-                       and registries[k].shape == t.shape and not torch.equal(registries[k], t))
+                       and registries[k].shape == t.shape and not torch.equal(registries[k].cpu(), t))
         if moved and not recaptured_matches({}, moved):
             baked = [k for k in moved if not recaptured_matches({}, [k])]
             if baked:

@@ -27,8 +27,9 @@ class GraphEntry:
     num_reqs: int
     captured_with: dict     # the Python values of the capture-time metadata
     capture_meta: object = None    # the capture-time metadata object itself (its tensors are what the graph read)
-    # (owner, name) -> the contents of every integer buffer as the capture saw them: a value the forward read
-    # to the host while capturing is baked in, and only these contents can show which.
+    # (owner, name) -> the contents of every integer buffer as the capture saw them, kept on the host (no
+    # device memory beyond the plan's): a value the forward read to the host while capturing is baked in,
+    # and only these contents can show which.
     captured_contents: dict = dataclasses.field(default_factory=dict)
 
 
@@ -81,8 +82,8 @@ class GraphExecutor:
                 # temporaries alive, so the pool sees the frees a real capture sees.
                 with torch.no_grad():
                     self.backend.warmup(body)
-                    contents = {(r.owner, name): t.clone() for r in self.registries for name, t in r.items()
-                                if not t.is_floating_point()}
+                    contents = {(r.owner, name): t.to("cpu", copy=True) for r in self.registries
+                                for name, t in r.items() if not t.is_floating_point()}
                     graph = capture(self.backend, self.pool, body, piecewise=runtime == PIECEWISE,
                                     weak_outputs=self.weak_outputs)
             finally:
