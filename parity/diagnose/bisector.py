@@ -110,13 +110,9 @@ class Bisector:
         if culprits:
             return explain(self, graph, ev_g, culprits, others, repairs, **where)
         ruled_out = [r.experiment for r in repairs] or ["no tensor the reference reads differs from what the graph read"]
-        rebound = experiments.static_outputs(self, graph, ev_g, snaps, out_r, entry)
-        if rebound is not None:
-            captured, live, experiment, evidence = rebound
-            return self.diagnosis(BUFFER_REASSIGNED, ["attention_output"], ev_g, captured=captured, live=live,
-                                  evidence=evidence, experiment=experiment, ruled_out=ruled_out, **where)
         split = experiments.split_roles(ref, ev_r, ev_g, entry, reads)
-        found = experiments.pointed_back(self, ref, ev_r, ev_g, snaps, entry, out_g, split)
+        found = (experiments.static_outputs(self, graph, ev_g, snaps, out_r, entry)
+                 or experiments.pointed_back(self, ref, ev_r, ev_g, snaps, entry, out_g, split))
         if found is not None:
             name, captured, live, experiment, evidence = found
             return self.diagnosis(BUFFER_REASSIGNED, [name], ev_g, captured=captured, live=live, evidence=evidence,
@@ -125,11 +121,6 @@ class Bisector:
         return recapture.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ruled_out, **where)
 
     # --- what the stages share ------------------------------------------------------------
-
-    def replay_matches(self, graph, ev_g, executor, fn, out_r) -> bool:
-        self.replays += 1
-        executor.execute(ev_g.dispatch, fn, ev_g.meta)
-        return self.outputs_match(graph, ev_g, out_r)
 
     def outputs_match(self, graph, ev_g, out_r, logits=None) -> bool:
         worst, _ = max_diff(out_r, outputs(graph, ev_g, logits))

@@ -220,8 +220,8 @@ def split_roles(ref, ev_r, ev_g, entry, reads: dict[str, set[str]]) -> list[str]
 
 
 def pointed_back(bisector, ref, ev_r, ev_g, snaps, entry, out_g, names: list[str]):
-    """The first role whose metadata tensor, pointed back at the persistent buffer in a re-run of the
-    reference, makes the reference produce the graph's outputs bit for bit; with its evidence."""
+    """(role, captured, live, experiment, evidence) of the first role whose metadata tensor, pointed back at
+    the persistent buffer in a re-run of the reference, makes it produce the graph's outputs bit for bit."""
     registry = registry_of(ref, ev_r.owner)
     fn = forward_fn(ref, ev_r.owner, ev_r.phase)
     d = ev_r.dispatch
@@ -249,8 +249,8 @@ def pointed_back(bisector, ref, ev_r, ev_g, snaps, entry, out_g, names: list[str
 
 
 def static_outputs(bisector, graph, ev_g, snaps, out_r, entry):
-    """Evidence when a PIECEWISE graph's attention outputs were rebound and delivering them into the
-    captured tensors restores bitwise parity; None otherwise."""
+    """(role, captured, live, experiment, evidence) when a PIECEWISE graph's attention outputs were rebound
+    and delivering them into the captured tensors restores bitwise parity; None otherwise."""
     g = entry.graph
     moved = [i for i, call in enumerate(g.calls) if call.static is not None and call.out is not call.static]
     if not moved:
@@ -270,4 +270,4 @@ def static_outputs(bisector, graph, ev_g, snaps, out_r, entry):
     evidence = [f"buffer_reassigned: attention_output (piecewise replay), captured {call.static.data_ptr():#x}, "
                 f"live {call.out.data_ptr():#x}: {len(moved)} of {len(g.calls)} attention calls hold a new output "
                 "tensor after the replay; the next piece reads the captured one", experiment]
-    return call.static.data_ptr(), call.out.data_ptr(), experiment, evidence
+    return "attention_output", call.static.data_ptr(), call.out.data_ptr(), experiment, evidence
