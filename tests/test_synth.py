@@ -148,14 +148,10 @@ def test_drafts_are_the_bigram_of_the_token_before(built, loaded, engine_run):
 @pytest.mark.parametrize("fault", ["reassign-seq-lens", "reassign-query-start-loc", "stale-slot-mapping",
                                    "hidden-states-not-copied"])
 def test_target_and_drafter_faults_show_as_drift_on_a_synth_pair(built, tmp_path, capsys, fault):
-    """Synthetic pairs are for real-scale verdicts: injected faults must still be caught on them.
-
-    NOTE: the EAGLE-3 head finds its own token's key wherever it was written, so stale-slot-mapping
-    is invisible on it (docs/models.md); the EAGLE-1 head's attention is sized so that it shows.
-    """
+    """Synthetic pairs are for real-scale verdicts: injected faults must still be caught on them, with
+    either head. These builds are float32; in bfloat16 the EAGLE-3 head's outputs do not move under
+    stale-slot-mapping at all (docs/models.md), so there it is a PASS, not a miss of a difference."""
     head, out, *_ = built
-    if head == "eagle3" and fault == "stale-slot-mapping":
-        pytest.skip("a known blind spot of the synthetic EAGLE-3 head")
     code = main(["run", "--model", "local", "--target-path", str(out / "target"), "--draft-path", str(out / head),
                  "--modes", "eager,full_and_piecewise", "--backend", "emulated", "--inject", fault, "--no-bisect",
                  "--quiet", "--out", str(tmp_path / "run")])

@@ -18,7 +18,7 @@ import pandas as pd
 from parity.analysis import stats
 from parity.analysis.draft_parity import draft_parity
 from parity.analysis.metrics import Acceptance, acceptance, wilson_interval
-from parity.analysis.numerics import Numerics, numerics, stream_splits
+from parity.analysis.numerics import Numerics, numerics, parted_streams, stream_splits
 from parity.analysis.reference_parity import ReferenceParity, describe, reference_parity
 
 EAGER = "eager"
@@ -59,13 +59,8 @@ class ModeComparison:
 
 def _divergences(ref: pd.DataFrame, other: pd.DataFrame, window: int = 6) -> list[Divergence]:
     found = []
-    for req_id, ref_rows in ref.groupby("req_id"):
-        ref_rows = ref_rows.sort_values("output_index")
-        mode_rows = other[other.req_id == req_id].sort_values("output_index")
+    for req_id, ref_rows, mode_rows, first in parted_streams(ref, other):
         a, b = ref_rows["token"].tolist(), mode_rows["token"].tolist()
-        if a == b:
-            continue
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         lo = max(0, first - window)
 
         def step_at(rows, i):

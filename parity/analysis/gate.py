@@ -24,22 +24,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from parity.analysis import stats
-from parity.analysis.reference_parity import describe
+from parity.analysis.reference_parity import ReferenceParity, describe
 from parity.analysis.sources import AcceptanceRecord
 from parity.analysis.tolerances import Tolerances
 from parity.errors import ParityInputError
-
-
-@dataclass(frozen=True)
-class ParityEvidence:
-    """One engine mode against its strict padded reference (same schedule), bit for bit."""
-
-    reference: str                          # the reference run's name
-    bitwise_equal: bool
-    rows_compared: int
-    rows_differing: int
-    first_difference: dict | None
-    padding: dict | None = None             # {"inert", "graph_equals_clean_reference"} after a difference
 
 
 @dataclass(frozen=True)
@@ -49,7 +37,8 @@ class Pairing:
     subject: AcceptanceRecord
     reference: AcceptanceRecord
     reference_name: str                      # "eager", "baseline" or the reference import's label
-    parity: ParityEvidence | None = None
+    parity: ReferenceParity | None = None    # the subject against its strict padded reference, bit for bit
+    padding: dict | None = None              # {"inert", "graph_equals_clean_reference"} after a difference
 
 
 @dataclass
@@ -170,7 +159,7 @@ def _length_message(c: GateCheck, seed: int) -> str:
 
 def _parity_check(pair: Pairing) -> GateCheck:
     ev, name = pair.parity, pair.subject.label
-    inert = (ev.padding or {}).get("inert", True)
+    inert = (pair.padding or {}).get("inert", True)
     if ev.bitwise_equal:
         msg = f"bit for bit equal to its padded reference {ev.reference} ({ev.rows_compared} records)"
     else:

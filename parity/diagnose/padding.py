@@ -31,7 +31,7 @@ import torch
 
 from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
-from parity.diagnose.state import forward_fn, max_diff, outputs, restore
+from parity.diagnose.state import METADATA_FIELDS, forward_fn, max_diff, outputs, restore
 from parity.engine.buffers import FREE, poison_padding
 
 
@@ -173,9 +173,7 @@ def unstable_pad_rows(owner, event) -> tuple[list[str], list[str]]:
         return [], []
 
     def advanced(empty: str | None) -> list[str]:
-        copy = dataclasses.replace(event.meta, **{n: getattr(event.meta, n).clone()
-                                                   for n in ("query_start_loc", "seq_lens", "slot_mapping",
-                                                             "block_table", "positions", "window_start")})
+        copy = dataclasses.replace(event.meta, **{n: getattr(event.meta, n).clone() for n in METADATA_FIELDS})
         for name, spec in inert.items():
             getattr(copy, name)[spec.padded(dispatch)] = 0 if name == empty else spec.inert_value(dispatch.num_tokens)
         advance(copy, dispatch.num_reqs_padded)

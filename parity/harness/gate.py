@@ -19,7 +19,7 @@ from pathlib import Path
 from parity.analysis.baseline import (baseline_records, build_baseline, check_model, check_scenario,
                                       load_baseline)
 from parity.analysis.compare import compare_runs
-from parity.analysis.gate import Pairing, ParityEvidence, evaluate_gate
+from parity.analysis.gate import Pairing, evaluate_gate
 from parity.analysis.sources import from_acceptance
 from parity.analysis.summary import build_summary
 from parity.analysis.tolerances import Tolerances
@@ -187,10 +187,7 @@ def engine_pairings(runs, comparisons: dict, scenario, baseline: dict | None = N
     for mode, cmp in comparisons.items():
         if mode == "eager":
             continue
-        ref = cmp.reference
-        evidence = ParityEvidence(ref.reference, ref.bitwise_equal, ref.rows_compared, ref.rows_differing,
-                                  ref.first_difference, cmp.padding)
-        pairings.append(Pairing(records[mode], records["eager"], "eager", evidence))
+        pairings.append(Pairing(records[mode], records["eager"], "eager", cmp.reference, cmp.padding))
     if baseline is not None:
         base = baseline_records(baseline, str(baseline_path))
         pairings += [Pairing(records[m], base[m], "baseline") for m in comparisons]
