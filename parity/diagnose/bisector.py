@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, UNEXPLAINED
-from parity.diagnose import descriptor, experiments, padding, pool, readset, recapture
+from parity.diagnose import descriptor, experiments, padding, pool, readset, recapture, reproducible
 from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
@@ -100,6 +100,9 @@ class Bisector:
         entry = executor.entry(dispatch)
         where["graph_info"] = {"runtime_mode": dispatch.runtime_mode, "num_tokens": dispatch.num_tokens_padded,
                           "num_reqs": dispatch.num_reqs_padded, "manifest": [e.as_dict() for e in entry.manifest]}
+        unstable = reproducible.check(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, **where)
+        if unstable is not None:
+            return unstable
         if descriptor.mismatched(executor, dispatch, entry):
             found = descriptor.diagnose(self, graph, ev_g, snaps, out_r, executor, entry, **where)
             if found is not None:

@@ -201,11 +201,11 @@ def _run_repaired(bisector, engine, event, snap, subset) -> tuple:
         for tensor in {t.data_ptr(): t for t in (getattr(event.meta, name, None), owner.buffers[name])
                        if t is not None}.values():
             tensor[region] = owner.buffers.spec(name).inert_value(event.dispatch.num_tokens)
-    out = _rerun(bisector, engine, event)
+    out = rerun(bisector, engine, event)
     return tuple((k, v.cpu().numpy().tobytes()) for k, v in sorted(out.items()))
 
 
-def _rerun(bisector, engine, event) -> dict:
+def rerun(bisector, engine, event) -> dict:
     """Run `event`'s forward again through its owner's executor; its real outputs (a re-run returns new logits)."""
     owner = engine.owner(event.owner)
     bisector.replays += 1
@@ -222,7 +222,7 @@ def free_inputs_that_matter(bisector, engine, event, snap, out_clean) -> list[st
         restore(snap)
         only = _Only(owner.buffers, name)
         poison_padding(only, event.dispatch, salt=1)
-        if max_diff(out_clean, _rerun(bisector, engine, event))[0] != 0:
+        if max_diff(out_clean, rerun(bisector, engine, event))[0] != 0:
             matter.append(name)
     restore(snap)
     return matter

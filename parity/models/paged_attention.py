@@ -74,13 +74,16 @@ def _cache_rows(cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor
     return slot_mapping.remainder(cache.shape[0])
 
 
-def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
-    """Scatter `values` [T, KVH, D] into `cache` [num_slots + 1, KVH, D].
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, key: torch.Tensor,
+             value: torch.Tensor) -> None:
+    """Scatter each token's key and value [T, KVH, D] into its slot of the caches [num_slots + 1, KVH, D].
 
     PAD slots (-1) land in the trash row at the end of the cache, so padded
     tokens never touch a real slot.
     """
-    cache.index_copy_(0, _cache_rows(cache, slot_mapping), values)
+    rows = _cache_rows(k_cache, slot_mapping)
+    k_cache.index_copy_(0, rows, key)
+    v_cache.index_copy_(0, rows, value)
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -103,9 +106,7 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     groups = heads // kv_heads
     if scaling is None:
         scaling = head_dim ** -0.5
-    cache_rows = _cache_rows(k_cache, meta.slot_mapping)
-    k_cache.index_copy_(0, cache_rows, key[0].transpose(0, 1))
-    v_cache.index_copy_(0, cache_rows, value[0].transpose(0, 1))
+    write_kv(k_cache, v_cache, meta.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
 
     plan = plan_tiles(num_tokens, meta.seq_lens.shape[0], heads, kv_heads, head_dim, k_cache.element_size(),
                       meta.block_size, meta.max_model_len, meta.block_table.shape[1])
@@ -113,19 +114,26 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     num_tiles, tile_len = plan.num_tiles, plan.tile_len
     batch, rows_per_tile = kv_heads * num_tiles, groups * tile_len
 
+    # NOTE: gathers and scatters here are index_select / index_copy_, never advanced
+    # indexing: CUDA's index kernels take small temporaries from the caching allocator
+    # (inside a capture, from the graph pool), which the emulated pools would have to
+    # guess; these ops allocate their outputs only, on both backends.
     # q of every slot, laid out [KVH, tiles, G, tile_len, D]: one GEMM batch per (KV head, tile).
-    g = torch.arange(groups, device=query.device).view(1, groups, 1)
-    q = query[0].unflatten(0, (kv_heads, groups))[:, g, tiles.token.unsqueeze(1)]
-    q = q.reshape(batch, rows_per_tile, head_dim).float().mul_(scaling)
+    slot_tokens = tiles.token.flatten()
+    gathered = query[0].unflatten(0, (kv_heads, groups)).index_select(2, slot_tokens)
+    q = query.new_empty((kv_heads, num_tiles, groups, tile_len, head_dim), dtype=torch.float32)
+    q.copy_(gathered.unflatten(2, (num_tiles, tile_len)).transpose(1, 2))   # one copy, in fp32
+    q = q.view(batch, rows_per_tile, head_dim).mul_(scaling)
 
     # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
     # Idle slots need no mask: whatever they compute goes to the dropped row.
-    seq_len = meta.seq_lens[tiles.tile_row].unsqueeze(1)
-    hi = torch.minimum(meta.positions[tiles.token], seq_len - 1).view(num_tiles, 1, tile_len, 1)
+    seq_len = meta.seq_lens.index_select(0, tiles.tile_row).unsqueeze(1)
+    positions = meta.positions.index_select(0, slot_tokens).view(num_tiles, tile_len)
+    hi = torch.minimum(positions, seq_len - 1).view(num_tiles, 1, tile_len, 1)
     lo = None
     window = meta.window_for_layer(layer)
     if window is not None:
-        lo = meta.window_starts()[tiles.token].view(num_tiles, 1, tile_len, 1)
+        lo = meta.window_starts().index_select(0, slot_tokens).view(num_tiles, 1, tile_len, 1)
 
     acc = _attend(q, hi, lo, meta, plan, tiles, k_cache, v_cache, kv_heads, groups)
 
@@ -138,8 +146,8 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     values = values.view(kv_heads, num_tiles, groups, tile_len, head_dim).permute(1, 3, 0, 2, 4)
     out = query.new_zeros((num_tokens + 1, kv_heads, groups, head_dim))
     # Idle slots write to the extra row num_tokens, dropped below.
-    target = tiles.token.masked_fill_(tiles.idle, num_tokens)
-    out.index_put_((target,), values)
+    target = tiles.token.masked_fill_(tiles.idle, num_tokens).flatten()
+    out.index_copy_(0, target, values.reshape(num_tiles * tile_len, kv_heads, groups, head_dim))
     return out[:num_tokens].view(1, num_tokens, heads, head_dim)
 
 
