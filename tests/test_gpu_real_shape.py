@@ -18,7 +18,7 @@ from parity.cli import main
 from parity.models.synth import synthesize
 from parity.models.synth_spec import TARGET_FOLDER, SynthRequest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("synth-1b")]
 ROOT = Path(__file__).resolve().parent.parent
 
 
