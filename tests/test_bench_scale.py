@@ -9,7 +9,6 @@ tables) runs for real on the emulated backend.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from rich.console import Console
 import parity.harness.bench_scale as bench_scale
 from parity.harness.bench_scale import run_figures, scale_forwards, time_scale_run, weight_bytes
 from parity.harness.clean_alarms import clean_alarms, shipped_scenarios
-from parity.harness.gpu_scale import Steps, report
+from parity.commands.gpu_scale import Steps, report
 from parity.harness.request import RunRequest
 from parity.models.pair import load_pair
 from parity.report.bench import alarms_line, forwards_table, run_table
@@ -69,12 +68,15 @@ def test_bench_scale_reads_a_saved_run(tmp_path, capsys, monkeypatch):
     assert "CUDA is not available" in capsys.readouterr().err
     steps = Steps(tmp_path, budget=3)
     assert steps.run("late", ["true"], cap=60) == "skipped"
-    text = report(steps, out / "summary.json", tmp_path / "missing.json")
-    assert "late" in text and "skipped" in text and "ref:full" in text and "PASS" in text
+    text = report(steps, out / "summary.json", tmp_path / "missing.json",
+                  {"stale-slot-mapping": out / "summary.json", "reassign-seq-lens": tmp_path / "none.json"})
+    assert "late" in text and "skipped" in text and "(unexpected)" in text and "ref:full" in text and "PASS" in text
+    assert "--inject stale-slot-mapping: PASS (eager PASS, full PASS); no diagnosis" in text
+    assert "--inject reassign-seq-lens: no summary.json" in text
 
 
 def test_gpu_scale_without_cuda_says_so_in_one_line(tmp_path, capsys, monkeypatch):
-    from parity.harness import gpu_scale
+    from parity.commands import gpu_scale
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
@@ -96,14 +98,11 @@ def test_clean_engine_has_no_false_alarm_under_padding_numerics():
 
 
 @pytest.mark.slow
-def test_default_bench_finishes_quickly(tmp_path):
-    """`make bench` on the CPU: every default step, in a few minutes."""
+def test_default_bench_runs_every_step(tmp_path):
+    """`make bench` on the CPU: every default step (its time is a benchmark figure, not asserted here)."""
     from parity.cli import main
 
-    start = time.perf_counter()
     assert main(["bench", "--json", str(tmp_path / "bench.json"), "--iters", "5"]) == 0
-    took = time.perf_counter() - start
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(report) >= {"latency", "parity", "bisect", "audit", "alarms"}
     assert report["alarms"]["false_alarms"] == 0
-    assert took < 300, f"parity bench took {took:.0f} s"
