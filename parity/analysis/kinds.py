@@ -9,6 +9,7 @@ PADDING_LEAK = "PADDING_LEAK"
 POOL_ALIAS = "POOL_ALIAS"
 CAPTURE_CONTEXT = "CAPTURE_CONTEXT"
 DESCRIPTOR_MISMATCH = "DESCRIPTOR_MISMATCH"
+OUTPUT_ALIASED = "OUTPUT_ALIASED"
 NOT_EXERCISED = "NOT_EXERCISED"
 UNEXPLAINED = "UNEXPLAINED"
 NONE = "NONE"
@@ -21,10 +22,11 @@ EXPLAIN = {
     POOL_ALIAS: "drafter temporaries share a graph pool with live target outputs",
     CAPTURE_CONTEXT: "the graph was captured with other metadata than the one replay refreshes",
     DESCRIPTOR_MISMATCH: "the batch replayed a graph captured for another shape than the one it was built for",
+    OUTPUT_ALIASED: "a graph's output was read after a later replay had overwritten it (held by reference, not copied)",
     NOT_EXERCISED: "no forward of the mode replayed a graph: a silent eager fallback proves nothing",
     UNEXPLAINED: "localised, but no one-variable experiment restores parity (see what was ruled out)",
     NONE: "no divergence found",
 }
 # The classes a bug can be diagnosed as (the others say there is none, or that it is not explained).
 BUG_KINDS = (BUFFER_REASSIGNED, STALE_BUFFER, FROZEN_AT_CAPTURE, PADDING_LEAK, POOL_ALIAS, CAPTURE_CONTEXT,
-             DESCRIPTOR_MISMATCH)
+             DESCRIPTOR_MISMATCH, OUTPUT_ALIASED)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, UNEXPLAINED
-from parity.diagnose import descriptor, experiments, padding, pool, readset, recapture, reproducible
+from parity.diagnose import descriptor, experiments, lifetime, padding, pool, readset, recapture, reproducible
 from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
@@ -27,17 +29,20 @@ def bisect_mode(make_engine, specs, mode: str, backend: str, scenario, policy: C
         return lambda engine: install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode,
                                                        poison=poison)
 
-    def graphs(engine):
-        install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode, policy)
+    def graphs(engine, copied=()):
+        install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode,
+                       dataclasses.replace(policy, copied_outputs=tuple(copied)))
 
     diagnosis = Diagnosis(NONE, [], mode)
-    replays = 0
     if not graph_matches_clean_reference:
         diagnosis = Bisector(make_engine, reference(False), graphs, specs, mode).run()
-        replays = diagnosis.replays
     if diagnosis.kind == NONE:
+        first = diagnosis
         diagnosis = PaddingBisector(make_engine, reference(False), reference(True), specs, mode).run()
-        diagnosis.replays += replays
+        diagnosis.replays += first.replays
+        if diagnosis.kind == NONE:    # what the graph stage saw and tried still stands
+            diagnosis.evidence = first.evidence + diagnosis.evidence
+            diagnosis.ruled_out = first.ruled_out + diagnosis.ruled_out
     return diagnosis
 
 
@@ -61,7 +66,10 @@ class Bisector:
         snaps = {}
         target_out = None   # (graph logits tensor, eager logits copy, verify event)
         overwritten_by = None
-        for ev_r, ev_g in zip(ref.events(self.specs), graph.events(self.specs)):
+        results: dict = {"ref": {}, "graph": {}}
+        ref_events, graph_events = ref.events(self.specs, holder=results["ref"]), graph.events(
+            self.specs, holder=results["graph"])
+        for ev_r, ev_g in zip(ref_events, graph_events):
             if (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase, ev_g.draft_step):
                 return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
                     "the two runs' schedules parted without a forward's outputs differing first"])
@@ -84,8 +92,17 @@ class Bisector:
                 target_out = (ev_g.logits, out_r["logits"], ev_g)
             elif target_out is not None and overwritten_by is None and _logits_drift(*target_out) > self.tol:
                 overwritten_by = ev_g
+        next(graph_events, None)    # zip stopped at the reference's end: let the graph run finish too
+        found = self.after_the_forwards(results["ref"].get("result"), results["graph"].get("result"))
+        if found is not None:
+            return found
         return Diagnosis(NONE, [], self.mode, evidence=[f"every forward matched bit for bit ({self.matched})"],
                          replays=self.replays)
+
+    def after_the_forwards(self, ref_result, graph_result):
+        """Every forward matched: do the records? Outputs read after a later replay (OUTPUT_ALIASED)."""
+        first = lifetime.records_differ(ref_result, graph_result) if ref_result and graph_result else None
+        return None if first is None else lifetime.diagnose(self, ref_result, first)
 
     matched = "graphs and their padded reference"
 
@@ -142,6 +159,9 @@ class PaddingBisector(Bisector):
     """The reference on clean padding (as `ref`) against the reference on poisoned padding (as `graph`)."""
 
     matched = "the padded reference on clean and on poisoned padding"
+
+    def after_the_forwards(self, ref_result, graph_result):
+        return None     # both runs are references: their outputs are fresh tensors
 
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
         where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}

@@ -26,6 +26,7 @@ class Forward:
     fn: Callable
     max_tokens: int            # the largest batch (in tokens) this phase ever runs
     uniform_query_len: int     # tokens per request when every request has the same query length
+    outputs: tuple[str, ...] = ()   # the names of what `fn` returns, in order
 
 
 class Owner:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.proposer import EagleProposer
+from parity.engine.records import Records
 from parity.engine.target_runner import TargetRunner
 
 
@@ -21,6 +22,7 @@ class EngineParts:
     target_builder: type[MetadataBuilder] = MetadataBuilder
     proposer: type[EagleProposer] = EagleProposer
     drafter_builder: type[MetadataBuilder] = MetadataBuilder
+    records: type[Records] = Records
 
     def replace(self, **parts) -> "EngineParts":
         """These parts with some roles played by other classes."""

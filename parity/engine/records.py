@@ -41,9 +41,12 @@ class Records:
     def record_step(self, step: int, rows, starts: list[int], emitted, verified, logits: torch.Tensor,
                     k: int) -> None:
         """The emitted tokens (with the target's logprob) and every verified draft of one step."""
-        logprobs = torch.log_softmax(logits[: starts[-1]].float(), dim=-1)
-        top_lp, top_ids = logprobs.topk(TOP_K, dim=-1)
-        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+        self.read_logits(self.step_entries(step, rows, starts, emitted, verified, k), logits[: starts[-1]])
+
+    def step_entries(self, step: int, rows, starts: list[int], emitted, verified, k: int) -> "StepEntries":
+        """What the host knows of one step now: the records without the target's logprobs, and the logits
+        row each one reads them from."""
+        entries = StepEntries()
         for i, row in enumerate(rows):
             req = row.request
             tokens, accepted = emitted[i]
@@ -52,25 +55,38 @@ class Records:
             tokens = tokens[: max(0, req.max_tokens - first_index)]
             query_index = starts[i] if not row.is_prefill else starts[i + 1] - 1
             for j, tok in enumerate(tokens):
-                self.tokens.append({
+                entries.tokens.append((query_index + j, {
                     "req_id": req.req_id, "step": step, "output_index": first_index + j,
-                    "position": base + j, "token": tok,
-                    "logprob": float(logprobs[query_index + j, tok]),
-                    "top2_gap": top_lp[query_index + j][0] - top_lp[query_index + j][1],
-                })
+                    "position": base + j, "token": tok}))
             if row.is_prefill or k == 0:
                 continue
             draft_tokens, draft_logprobs, draft_gaps = verified[i]
             for j in range(k):
-                q = starts[i] + j
-                self.drafts.append({
+                entries.drafts.append((starts[i] + j, {
                     "step": step, "req_id": req.req_id, "draft_index": j, "position": base + j,
                     "draft_token": draft_tokens[j], "draft_logprob": draft_logprobs[j],
-                    "draft_top2_gap": draft_gaps[j],
-                    "target_token": top_ids[q][0], "target_logprob": top_lp[q][0],
-                    "top5_tokens": top_ids[q], "top5_logprobs": top_lp[q],
-                    "accepted": j < accepted, "num_accepted": accepted,
-                })
+                    "draft_top2_gap": draft_gaps[j], "accepted": j < accepted, "num_accepted": accepted}))
+        return entries
+
+    def read_logits(self, entries: "StepEntries", logits: torch.Tensor) -> None:
+        """Complete a step's records from the target's logits of that step ([tokens, vocab]) and keep them."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        top_lp, top_ids = logprobs.topk(TOP_K, dim=-1)
+        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+        for q, record in entries.tokens:
+            self.tokens.append({**record, "logprob": float(logprobs[q, record["token"]]),
+                                "top2_gap": top_lp[q][0] - top_lp[q][1]})
+        for q, record in entries.drafts:
+            self.drafts.append({**record, "target_token": top_ids[q][0], "target_logprob": top_lp[q][0],
+                                "top5_tokens": top_ids[q], "top5_logprobs": top_lp[q]})
+
+
+@dataclass
+class StepEntries:
+    """One step's records before the target's logprobs are read: (logits row, record) pairs."""
+
+    tokens: list[tuple[int, dict]] = field(default_factory=list)
+    drafts: list[tuple[int, dict]] = field(default_factory=list)
 
 
 @dataclass

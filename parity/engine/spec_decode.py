@@ -23,7 +23,7 @@ from parity.engine.kv_cache import BlockAllocator
 from parity.engine.metadata import RowPlan
 from parity.engine.owner import Owner
 from parity.engine.parts import EngineParts
-from parity.engine.records import Records, RunResult
+from parity.engine.records import RunResult
 from parity.engine.requests import Request, ScheduledRow, Scheduler
 from parity.errors import ParityInputError
 from parity.graphs.descriptor import Dispatch
@@ -104,7 +104,7 @@ class SpecDecodeEngine:
         requests = [Request(s.req_id, list(s.prompt), s.max_tokens, s.arrival_step) for s in specs]
         scheduler = Scheduler(requests, cfg.max_num_seqs, cfg.max_num_batched_tokens, allocator,
                               positions_ahead=2 * self.k + 2, max_model_len=cfg.max_model_len)
-        records = Records()
+        records = self.parts.records()
         self._forwards = 0
         step = 0
         while not scheduler.done:

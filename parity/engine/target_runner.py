@@ -31,7 +31,7 @@ class TargetRunner(Owner):
 
     def forwards(self) -> tuple[Forward, ...]:
         return (Forward("verify", self.verify, self.config.max_num_batched_tokens,
-                        self.config.num_speculative_tokens + 1),)
+                        self.config.num_speculative_tokens + 1, ("logits", "features")),)
 
     def decoder_layers(self) -> list[torch.nn.Module]:
         return list(self.model.decoder_layers())

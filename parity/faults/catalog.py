@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
-                                   NOT_EXERCISED, PADDING_LEAK, POOL_ALIAS, STALE_BUFFER)
+                                   NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS, STALE_BUFFER)
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
 
@@ -88,6 +88,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "Megatron-LM #5697", "s005-sampled-drafts", GRAPH_MODES,
           "the draft sampler's random stream is offset by the host draft step: a graph draws the same random "
           "numbers on every replay"),
+    Fault("logits-read-next-step", OUTPUT_ALIASED, ("logits",), "Records.read_logits", "SGLang #15399",
+          "default", GRAPH_MODES,
+          "a step's records are completed while the next step runs, from the target's logits held by reference: "
+          "the next verify replay has overwritten them"),
 ]}
 
 

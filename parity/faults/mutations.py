@@ -152,3 +152,23 @@ class SamplerOffsetByHostStep:
 
     def sampling_positions(self, drafted_positions, meta):
         return drafted_positions + 7919 * meta.draft_step
+
+
+class LogitsReadNextStep:
+    """A step's records are completed while the next step runs (overlap scheduling, SGLang #15399), from the
+    target's logits held by reference: copying them out first is the step that was dropped.
+
+    Eager logits are a fresh tensor per forward and survive; a graph's are its static output, which the next
+    verify replay overwrites before they are read.
+    """
+
+    def read_logits(self, entries, logits):
+        pending, self._pending = getattr(self, "_pending", None), (entries, logits)
+        if pending is not None:
+            super().read_logits(*pending)
+
+    def frames(self):
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending is not None:
+            super().read_logits(*pending)
+        return super().frames()

@@ -42,6 +42,7 @@ MUTATIONS: dict[str, Mutation] = {
     "seq-lens-reallocated": Mutation(("target_builder",), m.SeqLensReallocated),
     "input-ids-rebound": Mutation(("target_builder",), m.InputIdsRebound),
     "sampler-offset-frozen": Mutation(("proposer",), m.SamplerOffsetByHostStep),
+    "logits-read-next-step": Mutation(("records",), m.LogitsReadNextStep),
 }
 
 

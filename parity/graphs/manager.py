@@ -49,6 +49,7 @@ class GraphExecutor:
         # Tensors captured graphs read that no registry owns: kept alive as long as the graphs.
         self.placeholders: list = []
         self.replays = 0        # graph replays this executor really ran (a mode with none proves nothing)
+        self.copied_outputs: dict[str, tuple[int, ...]] = {}   # phase -> outputs handed out as copies
 
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
@@ -60,7 +61,9 @@ class GraphExecutor:
     def execute(self, dispatch: Dispatch, fn, meta):
         if dispatch.runtime_mode == EAGER:
             return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
-        return self.replay(self.entry(dispatch), meta)
+        out = self.replay(self.entry(dispatch), meta)
+        copied = self.copied_outputs.get(dispatch.phase)
+        return tuple(t.clone() if i in copied else t for i, t in enumerate(out)) if copied else out
 
     def replay(self, entry: GraphEntry, meta):
         """Replay one captured graph on the live metadata, and count it."""

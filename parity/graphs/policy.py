@@ -26,3 +26,6 @@ class CapturePolicy:
     detached_capture_metadata: tuple[str, ...] = ()
     # Outputs held weakly, as vLLM holds them: their memory returns to the pool after capture.
     weak_outputs: bool = True
+    # Forward outputs (by name, `Forward.outputs`) handed out as copies after every replay, as an engine that
+    # copies results out of graph memory does; the bisector's output-lifetime experiment sets it.
+    copied_outputs: tuple[str, ...] = ()

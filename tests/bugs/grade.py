@@ -43,13 +43,15 @@ from pathlib import Path
 
 import yaml
 
+from parity.analysis.kinds import BUG_KINDS
+from parity.graphs.modes import EAGER
+from parity.graphs.modes import MODES as ALL_MODES
+
 CORPUS = Path(__file__).resolve().parent / "corpus"
 ROOT = Path(__file__).resolve().parents[2]
 PATCHABLE = ("parity/engine/", "parity/graphs/", "parity/models/")
 CLASSES = ("graph", "refactor", "eager")
-MODES = ("piecewise", "full", "full_decode_only", "full_and_piecewise")
-BUG_KINDS = ("BUFFER_REASSIGNED", "STALE_BUFFER", "FROZEN_AT_CAPTURE", "PADDING_LEAK", "POOL_ALIAS",
-             "CAPTURE_CONTEXT", "DESCRIPTOR_MISMATCH")
+MODES = tuple(m for m in ALL_MODES if m != EAGER)
 UNEXPLAINED_KINDS = ("UNKNOWN", "UNEXPLAINED")
 NAMED, LOCALISED, UNDIAGNOSED, WRONG = "NAMED", "LOCALISED", "UNDIAGNOSED", "WRONG"
 MISSED, FALSE_ALARM, CLEAN, CAUGHT = "MISSED", "FALSE ALARM", "CLEAN", "CAUGHT"
