@@ -168,3 +168,26 @@ def test_draft_prefill_padded_to_the_whole_buffer(random_pair, mode):
     graphs, _ = graph_run(random_pair, mode, specs, capture_sizes=[16], **cfg)
     assert graphs.outputs == eager.outputs
     assert accepted_per_position(graphs, 1) == accepted_per_position(eager, 1)
+
+
+def test_copied_outputs_are_handed_out_as_copies(random_pair):
+    """CapturePolicy.copied_outputs (the bisector's output-lifetime experiment): a replay hands out a copy of
+    the named output, equal to the graph's own and at another address; the others are the graph's tensors."""
+    from parity.graphs.policy import CapturePolicy
+
+    outputs = {}
+    for copied in ((), ("logits",)):
+        engine = SpecDecodeEngine(*random_pair, engine_config(**CFG))
+        install_graphs(engine, "full", "emulated", policy=CapturePolicy(copied_outputs=copied))
+        target = engine.owner("target")
+        entry = next(iter(target.executor.graphs.values()))
+        dispatch = next(d for d in [target.executor.dispatch("verify", entry.num_tokens, entry.num_reqs, False),
+                                    target.executor.dispatch("verify", entry.num_tokens, entry.num_reqs, True)]
+                        if target.executor.entry(d) is entry)
+        meta = target.builder.build_dummy(entry.num_tokens, entry.num_reqs)
+        logits, features = target.executor.execute(dispatch, target.verify, meta)
+        static_logits, static_features = entry.graph.outputs
+        outputs[copied] = (logits.data_ptr() == static_logits.data_ptr(),
+                           features.data_ptr() == static_features.data_ptr(), bool((logits == static_logits).all()))
+    assert outputs[()] == (True, True, True)
+    assert outputs[("logits",)] == (False, True, True)
