@@ -12,8 +12,12 @@ On an H100 (80 GB), given nothing:
     reassign-seq-lens and stale-slot-mapping): each must be DRIFT (exit 1) with the fault's diagnosis;
  6. `parity bench scale` at 8B, the run's breakdown read from step 4's summary.json;
  7. with --long, long-context-8k in every mode with whatever time is left;
- then a compact summary on stdout: steps, the run per mode, each injected run's verdicts and diagnosis. Every output goes to $OUT (default reports/gpu-scale) in small files:
- NN-step.log per step, run-<scenario>/ (the run folder), bench-scale.json, summary.txt.
+ then a compact summary on stdout: steps, the run per mode, each injected run's verdicts and diagnosis.
+Every output goes to $OUT (default reports/gpu-scale) in small files: NN-step.log per step,
+run-<scenario>/ (the run folder), bench-scale.json, summary.txt.
+With `--inject none` the five-mode run may take the whole budget: `--scenario scenarios/llama3-eagle.yaml
+--inject none` and `--scenario scenarios/long-context-8k.yaml --inject none` are the two long runs, one
+device call each.
 Without CUDA it prints one line on stderr, runs nothing, writes nothing and exits 2.
 
 Steps run as `python -m parity ...` subprocesses (each frees its GPU memory on exit), each under a
@@ -121,15 +125,16 @@ def main(argv: list[str] | None = None) -> int:
         steps.run(f"plan-{Path(scenario).stem}", parity("run", "--plan", *pair, "--scenario", scenario), cap=60)
     name = Path(args.scenario).stem
     run_dir = out / f"run-{name}"
+    injected = [f for f in (args.inject or INJECTED) if f != "none"]
+    # The five-mode run may take what the injected runs (about 60 s each at 8B) and the bench (40 s) leave.
     steps.run(f"run-{name}", ["bash", "-c", " ".join(["time", *parity("run", *pair, "--scenario", args.scenario,
                                                                           "--modes", "all", "--verbose", "--quiet",
                                                                           "--force", "--out", str(run_dir))])],
-              cap=300, reserve=100)
-    injected = [f for f in (args.inject or INJECTED) if f != "none"]
+              cap=args.budget, reserve=40 + 60 * len(injected))
     for fault in injected:
         steps.run(f"inject-{fault}", parity("run", *pair, "--scenario", args.scenario, "--modes", "eager,full",
                                             "--inject", fault, "--quiet", "--force", "--out",
-                                            str(out / f"run-inject-{fault}")), cap=150, reserve=60, expect=1)
+                                            str(out / f"run-inject-{fault}")), cap=150, reserve=40, expect=1)
     summary = run_dir / "summary.json"
     source = ["--run-summary", str(summary)] if summary.is_file() else ["--skip-run"]
     steps.run("bench-scale", parity("bench", "scale", *pair, *source, "--json", str(out / "bench-scale.json")),
