@@ -93,16 +93,16 @@ class Bisector:
             elif target_out is not None and overwritten_by is None and _logits_drift(*target_out) > self.tol:
                 overwritten_by = ev_g
         next(graph_events, None)    # zip stopped at the reference's end: let the graph run finish too
-        found = self.after_the_forwards(results["ref"].get("result"), results["graph"].get("result"))
+        found = self.after_the_forwards(graph, results["ref"].get("result"), results["graph"].get("result"))
         if found is not None:
             return found
         return Diagnosis(NONE, [], self.mode, evidence=[f"every forward matched bit for bit ({self.matched})"],
                          replays=self.replays)
 
-    def after_the_forwards(self, ref_result, graph_result):
+    def after_the_forwards(self, graph, ref_result, graph_result):
         """Every forward matched: do the records? Outputs read after a later replay (OUTPUT_ALIASED)."""
         first = lifetime.records_differ(ref_result, graph_result) if ref_result and graph_result else None
-        return None if first is None else lifetime.diagnose(self, ref_result, first)
+        return None if first is None else lifetime.diagnose(self, graph.owners(), ref_result, first)
 
     matched = "graphs and their padded reference"
 
@@ -160,7 +160,7 @@ class PaddingBisector(Bisector):
 
     matched = "the padded reference on clean and on poisoned padding"
 
-    def after_the_forwards(self, ref_result, graph_result):
+    def after_the_forwards(self, graph, ref_result, graph_result):
         return None     # both runs are references: their outputs are fresh tensors
 
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:

@@ -29,11 +29,10 @@ def records_differ(ref_result, graph_result):
     return None if parity.bitwise_equal else parity.first_difference
 
 
-def diagnose(bisector, ref_result, first: dict):
-    engine = bisector.make_engine()
-    outputs = [(owner.name, forward.phase, name) for owner in engine.owners() for forward in owner.forwards()
+def diagnose(bisector, owners, ref_result, first: dict):
+    """`owners`: the graph engine's, whose forwards name their outputs."""
+    outputs = [(owner.name, forward.phase, name) for owner in owners for forward in owner.forwards()
                for name in forward.outputs]
-    del engine
     evidence = [f"every forward's outputs matched the reference bit for bit as the forward ended, yet the records "
                 f"differ: {describe(first)}"]
     tried = []

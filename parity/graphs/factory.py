@@ -80,10 +80,10 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
     counts = {}
     for owner in owners:
         dispatcher = dispatcher_for(engine, owner, modes[owner.name], capture_sizes)
+        copied = {f.phase: tuple(i for i, name in enumerate(f.outputs) if name in policy.copied_outputs)
+                  for f in owner.forwards()}
         executor = policy.executor(owner.name, modes[owner.name], backend, pools[owner.name], dispatcher,
-                                   [owner.buffers], policy.weak_outputs)
-        executor.copied_outputs = {f.phase: tuple(i for i, name in enumerate(f.outputs)
-                                                  if name in policy.copied_outputs) for f in owner.forwards()}
+                                   [owner.buffers], policy.weak_outputs, copied)
         capture_metadata = _capture_metadata(owner, executor, policy)
         for forward in owner.forwards():
             counts[forward.phase] = executor.capture_phase(forward.phase, forward.fn, capture_metadata,

@@ -37,7 +37,7 @@ class GraphExecutor:
     """Runs the forwards of one owner under one mode on one backend."""
 
     def __init__(self, owner: str, mode: str, backend, pool, dispatcher: Dispatcher, registries,
-                 weak_outputs: bool = True):
+                 weak_outputs: bool = True, copied_outputs: dict[str, tuple[int, ...]] | None = None):
         self.owner = owner
         self.mode = mode
         self.backend = backend
@@ -49,7 +49,7 @@ class GraphExecutor:
         # Tensors captured graphs read that no registry owns: kept alive as long as the graphs.
         self.placeholders: list = []
         self.replays = 0        # graph replays this executor really ran (a mode with none proves nothing)
-        self.copied_outputs: dict[str, tuple[int, ...]] = {}   # phase -> outputs handed out as copies
+        self.copied_outputs = copied_outputs or {}   # phase -> indexes of the outputs handed out as copies
 
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
