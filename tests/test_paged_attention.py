@@ -31,7 +31,7 @@ from parity.graphs.capture import capture
 from parity.graphs.emulated import EmulatedBackend
 from parity.models import attention_tiles
 from parity.models.attention_tiles import plan_tiles, tile_map
-from parity.models.paged_attention import attention_core, paged_attention
+from parity.models.paged_attention import attention_core, one_forward, paged_attention
 
 SCALE = 0.37
 SMALLEST = 0   # a chunk budget of 0 bytes: one block per chunk, so many chunks
@@ -220,6 +220,58 @@ def test_same_inputs_same_bits():
     with chunk_budget(SMALLEST):
         first, second = run(case), run(case)
     assert torch.equal(first, second)
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def layered(case: Case, layers: int) -> tuple[list[torch.Tensor], list[int]]:
+    """`layers` attention calls on the same metadata inside one forward: outputs and ops each dispatched."""
+    outs, ops = [], []
+    with one_forward(), torch.no_grad():
+        for layer in range(layers):
+            with OpCounter() as counter:
+                outs.append(attention_core(SimpleNamespace(layer_idx=layer), case.query, case.key, case.value,
+                                           SCALE, case.meta))
+            ops.append(counter.ops)
+    return outs, ops
+
+
+@pytest.mark.parametrize("budget", [None, SMALLEST], ids=["one-chunk", "block-chunks"])
+def test_layers_of_one_forward_share_the_layout_bitwise(budget):
+    """Layer 2 and 3 reuse layer 1's tile map, indices and masks: same bits as computing them alone, fewer ops."""
+    case = make_case(MIXED, window=5, pad_tokens=3, pad_rows=2, seed=5)
+    case.kv = PagedKVCache(3, case.kv.keys[0].shape[0] // 4, 4, 2, 8, torch.float32, torch.device("cpu"))
+    for layer in range(3):
+        case.kv.keys[layer].copy_(case.meta.kv_cache.keys[0])
+        case.kv.values[layer].copy_(case.meta.kv_cache.values[0])
+    case.meta.kv_cache = case.kv
+    case.meta.window_layers = (1,)
+    with chunk_budget(budget):
+        shared, ops = layered(case, 3)
+        alone = [attention_core(SimpleNamespace(layer_idx=layer), case.query, case.key, case.value, SCALE,
+                                case.meta) for layer in range(3)]
+    for layer in range(3):
+        assert torch.equal(shared[layer], alone[layer]), f"layer {layer}"
+    assert ops[2] < ops[0] and ops[1] < ops[0], ops
+
+
+def test_a_layout_never_outlives_its_forward():
+    """Draft steps update the metadata in place between forwards: the next forward must see the new values."""
+    case = make_case([(3, 1), (9, 1)], pad_rows=1, seed=8)
+    first, _ = layered(case, 1)
+    case.meta.seq_lens[0] -= 2          # a stale-looking context for row 0: fewer keys
+    second, _ = layered(case, 1)
+    assert not torch.equal(first[0][0, 0], second[0][0, 0])
+    assert torch.equal(first[0][0, 1], second[0][0, 1])
+    torch.testing.assert_close(second[0][0].double(), reference(case), **TOLERANCE[torch.float32])
 
 
 @st.composite

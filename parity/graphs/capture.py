@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.models.paged_attention import attention_core, split_at_attention
+from parity.models.paged_attention import attention_core, one_forward, split_at_attention
 
 
 @dataclass
@@ -49,11 +49,13 @@ class CapturedGraph:
 
     def replay(self, meta=None) -> tuple:
         """Replay every piece; PIECEWISE attention runs eagerly on `meta`, the live metadata."""
-        for i, segment in enumerate(self.segments):
-            segment.replay()
-            if i < len(self.calls):
-                call = self.calls[i]
-                call.out.copy_(attention_core(call.module, call.query, call.key, call.value, call.scaling, meta))
+        with one_forward():
+            for i, segment in enumerate(self.segments):
+                segment.replay()
+                if i < len(self.calls):
+                    call = self.calls[i]
+                    call.out.copy_(attention_core(call.module, call.query, call.key, call.value, call.scaling,
+                                                  meta))
         return self.outputs
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from parity.models.paged_attention import ATTN_IMPLEMENTATION
+from parity.models.paged_attention import ATTN_IMPLEMENTATION, one_forward
 
 
 def paged_config(config: LlamaConfig) -> LlamaConfig:
@@ -51,11 +51,12 @@ class TargetModel(nn.Module):
         rope = model.rotary_emb(hidden, position_ids=position_ids)
         aux = {}
         num_layers = self.config.num_hidden_layers
-        for idx, layer in enumerate(model.layers[:num_layers]):
-            if idx in self.aux_layers:
-                aux[idx] = hidden[0]
-            hidden = layer(hidden, attention_mask=None, position_ids=position_ids,
-                           position_embeddings=rope, paged=meta)
+        with one_forward():
+            for idx, layer in enumerate(model.layers[:num_layers]):
+                if idx in self.aux_layers:
+                    aux[idx] = hidden[0]
+                hidden = layer(hidden, attention_mask=None, position_ids=position_ids,
+                               position_embeddings=rope, paged=meta)
         if num_layers in self.aux_layers:
             # Id N: the output of the last layer, before the final norm.
             aux[num_layers] = hidden[0]

@@ -46,13 +46,16 @@ import contextvars
 import torch
 from transformers import AttentionInterface
 
-from parity.models.attention_tiles import plan_tiles, tile_map
+from parity.models.attention_tiles import ForwardLayout, TilePlan, chunk_masks, forward_layout, plan_tiles
 
 ATTN_IMPLEMENTATION = "parity_paged"
 
 # Set by a piecewise graph capture: called at every attention instead of attending,
 # so the capture can end its piece there (see parity/graphs/capture.py).
 _SPLIT_HOOK: contextvars.ContextVar = contextvars.ContextVar("parity_attention_split", default=None)
+
+# Set by `one_forward`: the layouts of the forward in progress, shared by its attention calls.
+_FORWARD_LAYOUTS: contextvars.ContextVar = contextvars.ContextVar("parity_forward_layouts", default=None)
 
 # Floor of the running max: a row whose keys so far are all masked gets
 # exp(-inf - floor) = 0 instead of exp(-inf + inf) = NaN. Real scores are far above it.
@@ -67,6 +70,22 @@ def split_at_attention(hook):
         yield
     finally:
         _SPLIT_HOOK.reset(token)
+
+
+@contextlib.contextmanager
+def one_forward():
+    """The attention calls inside are one forward's: they share its layout (`attention_tiles.ForwardLayout`).
+
+    Whoever runs a forward opens it (the target model's forward, a piecewise
+    replay); attention outside one computes its layout itself. A forward's
+    metadata must not change between its layers; between forwards it may
+    (draft steps update it in place), so a layout never outlives its forward.
+    """
+    token = _FORWARD_LAYOUTS.set({})
+    try:
+        yield
+    finally:
+        _FORWARD_LAYOUTS.reset(token)
 
 
 def _cache_rows(cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -110,7 +129,7 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
 
     plan = plan_tiles(num_tokens, meta.seq_lens.shape[0], heads, kv_heads, head_dim, k_cache.element_size(),
                       meta.block_size, meta.max_model_len, meta.block_table.shape[1])
-    tiles = tile_map(meta, plan)
+    layout = _layout(meta, plan)
     num_tiles, tile_len = plan.num_tiles, plan.tile_len
     batch, rows_per_tile = kv_heads * num_tiles, groups * tile_len
 
@@ -120,23 +139,13 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     # which the emulated pools would have to guess (measured on an H100: 448 B per
     # layer). These ops allocate their outputs only, on both backends.
     # q of every slot, laid out [KVH, tiles, G, tile_len, D]: one GEMM batch per (KV head, tile).
-    slot_tokens = tiles.token.flatten()
-    gathered = query[0].unflatten(0, (kv_heads, groups)).index_select(2, slot_tokens)
+    gathered = query[0].unflatten(0, (kv_heads, groups)).index_select(2, layout.slot_tokens)
     q = query.new_empty((kv_heads, num_tiles, groups, tile_len, head_dim), dtype=torch.float32)
     q.copy_(gathered.unflatten(2, (num_tiles, tile_len)).transpose(1, 2))   # one copy, in fp32
     q = q.view(batch, rows_per_tile, head_dim).mul_(scaling)
 
-    # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
-    # Idle slots need no mask: whatever they compute goes to the dropped row.
-    seq_len = meta.seq_lens.index_select(0, tiles.tile_row).unsqueeze(1)
-    positions = meta.positions.index_select(0, slot_tokens).view(num_tiles, tile_len)
-    hi = torch.minimum(positions, seq_len - 1).view(num_tiles, 1, tile_len, 1)
-    lo = None
-    window = meta.window_for_layer(layer)
-    if window is not None:
-        lo = meta.window_starts().index_select(0, slot_tokens).view(num_tiles, 1, tile_len, 1)
-
-    acc = _attend(q, hi, lo, meta, plan, tiles, k_cache, v_cache, kv_heads, groups)
+    masks = chunk_masks(layout, meta, plan, bool(meta.window_for_layer(layer)))
+    acc = _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads, groups)
 
     # The max key of a row contributes exp(0) = 1, so the sum is >= 1 wherever a
     # key was valid and exactly 0 where none was (acc is 0 there too): the clamp
@@ -147,37 +156,45 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     values = values.view(kv_heads, num_tiles, groups, tile_len, head_dim).permute(1, 3, 0, 2, 4)
     out = query.new_zeros((num_tokens + 1, kv_heads, groups, head_dim))
     # Idle slots write to the extra row num_tokens, dropped below.
-    target = tiles.token.masked_fill_(tiles.idle, num_tokens).flatten()
-    out.index_copy_(0, target, values.reshape(num_tiles * tile_len, kv_heads, groups, head_dim))
+    out.index_copy_(0, layout.target, values.reshape(num_tiles * tile_len, kv_heads, groups, head_dim))
     return out[:num_tokens].view(1, num_tokens, heads, head_dim)
 
 
-def _attend(q, hi, lo, meta, plan, tiles, k_cache, v_cache, kv_heads: int, groups: int) -> torch.Tensor:
+def _layout(meta, plan: TilePlan) -> ForwardLayout:
+    """This forward's layout for `plan`: computed by its first attention call, shared by the others."""
+    shared = _FORWARD_LAYOUTS.get()
+    if shared is None:
+        return forward_layout(meta, plan)
+    key = (id(meta), plan)
+    if key not in shared:
+        shared[key] = (meta, forward_layout(meta, plan))   # meta held: its id stays unique in the forward
+    return shared[key][1]
+
+
+def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, groups: int) -> torch.Tensor:
     """Online softmax over the context chunks: [KVH * tiles, G * tile_len, D + 4] (P.V | softmax sum)."""
     batch, _, head_dim = q.shape
     num_tiles, tile_len = plan.num_tiles, plan.tile_len
     block_size = meta.block_size
-    longest = max(n for _, n in plan.chunks) * block_size
     # [KVH, num_blocks, block_size, D] views: a chunk is one index_select of whole blocks.
     k_blocks = k_cache[:-1].unflatten(0, (-1, block_size)).permute(2, 0, 1, 3)
     v_blocks = v_cache[:-1].unflatten(0, (-1, block_size)).permute(2, 0, 1, 3)
     # fp32 staging of one chunk, K then V: [K or V | 1 1 1 1]. P.[V | 1] accumulates the
     # softmax sum in the output's GEMM and rescale (no sum, mul, add per chunk); rows of
     # D + 4 floats keep the GEMM operands 16-byte aligned.
-    stage = torch.empty(batch, longest, head_dim + 4, dtype=torch.float32, device=q.device)
-    stage[:, :, head_dim:].fill_(1.0)
+    stage = layout.stage
+    if stage is None or stage.shape[0] != batch or stage.shape[2] != head_dim + 4:
+        longest = max(n for _, n in plan.chunks) * block_size
+        stage = torch.empty(batch, longest, head_dim + 4, dtype=torch.float32, device=q.device)
+        stage[:, :, head_dim:].fill_(1.0)
+        layout.stage = stage
     run_max = acc = None
-    for first_block, num_blocks in plan.chunks:
+    for (_, num_blocks), blocks, masked in zip(plan.chunks, layout.blocks, masks):
         chunk = num_blocks * block_size
-        blocks = meta.block_table[:, first_block:first_block + num_blocks].index_select(0, tiles.tile_row).view(-1)
         staged = stage[:, :chunk]
         kv_part = staged[:, :, :head_dim]
         kv_part.copy_(k_blocks.index_select(1, blocks).view(batch, chunk, head_dim))
         scores = torch.bmm(q, kv_part.transpose(1, 2))     # [KVH * tiles, G * tile_len, chunk]
-        j = torch.arange(first_block * block_size, first_block * block_size + chunk, device=q.device)
-        masked = j > hi
-        if lo is not None:
-            masked |= j < lo
         scores.view(kv_heads, num_tiles, groups, tile_len, chunk).masked_fill_(masked, float("-inf"))
         chunk_max = scores.amax(dim=-1, keepdim=True)
         if run_max is None:
