@@ -139,9 +139,11 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     # which the emulated pools would have to guess (measured on an H100: 448 B per
     # layer). These ops allocate their outputs only, on both backends.
     # q of every slot, laid out [KVH, tiles, G, tile_len, D]: one GEMM batch per (KV head, tile).
-    gathered = query[0].unflatten(0, (kv_heads, groups)).index_select(2, layout.slot_tokens)
+    # Gathered along tokens, the outermost dim of q's memory ([T, H, D] as the projection wrote it):
+    # whole rows, not a strided gather; the layout change happens in the fp32 copy.
+    gathered = query[0].transpose(0, 1).index_select(0, layout.slot_tokens)    # [slots, H, D]
     q = query.new_empty((kv_heads, num_tiles, groups, tile_len, head_dim), dtype=torch.float32)
-    q.copy_(gathered.unflatten(2, (num_tiles, tile_len)).transpose(1, 2))   # one copy, in fp32
+    q.copy_(gathered.view(num_tiles, tile_len, kv_heads, groups, head_dim).permute(2, 0, 3, 1, 4))   # one copy
     q = q.view(batch, rows_per_tile, head_dim).mul_(scaling)
 
     masks = chunk_masks(layout, meta, plan, bool(meta.window_for_layer(layer)))
@@ -176,9 +178,10 @@ def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, group
     batch, _, head_dim = q.shape
     num_tiles, tile_len = plan.num_tiles, plan.tile_len
     block_size = meta.block_size
-    # [KVH, num_blocks, block_size, D] views: a chunk is one index_select of whole blocks.
-    k_blocks = k_cache[:-1].unflatten(0, (-1, block_size)).permute(2, 0, 1, 3)
-    v_blocks = v_cache[:-1].unflatten(0, (-1, block_size)).permute(2, 0, 1, 3)
+    # [num_blocks, block_size, KVH, D] views: a chunk is one index_select of whole blocks, each
+    # contiguous in memory (measured at 8B, batch 32: a gather along a strided dim took 5x longer).
+    k_blocks = k_cache[:-1].unflatten(0, (-1, block_size))
+    v_blocks = v_cache[:-1].unflatten(0, (-1, block_size))
     # fp32 staging of one chunk, K then V: [K or V | 1 1 1 1]. P.[V | 1] accumulates the
     # softmax sum in the output's GEMM and rescale (no sum, mul, add per chunk); rows of
     # D + 4 floats keep the GEMM operands 16-byte aligned.
@@ -193,7 +196,7 @@ def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, group
         chunk = num_blocks * block_size
         staged = stage[:, :chunk]
         kv_part = staged[:, :, :head_dim]
-        kv_part.copy_(k_blocks.index_select(1, blocks).view(batch, chunk, head_dim))
+        _stage(kv_part, k_blocks, blocks, kv_heads, num_tiles)
         scores = torch.bmm(q, kv_part.transpose(1, 2))     # [KVH * tiles, G * tile_len, chunk]
         scores.view(kv_heads, num_tiles, groups, tile_len, chunk).masked_fill_(masked, float("-inf"))
         chunk_max = scores.amax(dim=-1, keepdim=True)
@@ -203,7 +206,7 @@ def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, group
             new_max = torch.maximum(run_max, chunk_max)
             rescale = run_max.sub_(new_max).exp_()
         probs = scores.sub_(new_max).exp_()
-        kv_part.copy_(v_blocks.index_select(1, blocks).view(batch, chunk, head_dim))
+        _stage(kv_part, v_blocks, blocks, kv_heads, num_tiles)
         if acc is None:
             acc = torch.bmm(probs, staged)                  # [KVH * tiles, G * tile_len, D + 4]
         else:
@@ -212,6 +215,15 @@ def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, group
         del probs, scores
 
     return acc
+
+
+def _stage(kv_part: torch.Tensor, cache_blocks: torch.Tensor, blocks: torch.Tensor, kv_heads: int,
+           num_tiles: int) -> None:
+    """Gather the chunk's blocks ([tiles * n, block_size, KVH, D]) and copy them, as
+    [KVH, tiles, chunk, D] in fp32, into the staging rows `kv_part` [KVH * tiles, chunk, D]."""
+    chunk, head_dim = kv_part.shape[1], kv_part.shape[2]
+    gathered = cache_blocks.index_select(0, blocks).view(num_tiles, chunk, kv_heads, head_dim)
+    kv_part.unflatten(0, (kv_heads, num_tiles)).copy_(gathered.permute(2, 0, 1, 3))
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
