@@ -60,3 +60,27 @@ def test_a_forward_that_is_not_reproducible_gets_no_one_variable_answer(monkeypa
     assert any("graph run's forward does not reproduce" in line for line in d["evidence"]), d["evidence"]
     assert not any("reference's forward" in line for line in d["evidence"]), d["evidence"]
     assert d["ruled_out"] and "race" in d["ruled_out"][0]
+
+
+def test_a_buffer_rebound_after_capture_is_part_of_the_pre_state(monkeypatch):
+    """A graph keeps reading and writing the buffer it captured after the registry moved on to a new tensor.
+
+    The experiments' pre-state must include that orphan: otherwise every re-run
+    of the forward starts from what the previous one wrote there, the forward
+    looks non-deterministic and the reassignment goes unnamed.
+    """
+    from parity.engine.proposer import EagleProposer
+
+    prepare = EagleProposer.prepare_prefill
+
+    def rebinding(self, *args, **kwargs):
+        dispatch, meta = prepare(self, *args, **kwargs)
+        self.buffers.rebind("hidden_states", self.buffers["hidden_states"].clone())
+        return dispatch, meta
+
+    monkeypatch.setattr(EagleProposer, "prepare_prefill", rebinding)
+    outcome = run_session(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", ("eager", "piecewise"),
+                                     "emulated"))
+    d = outcome.summary["diagnoses"]["piecewise"]
+    assert (d["kind"], d["buffers"]) == ("BUFFER_REASSIGNED", ["hidden_states"]), d
+    assert not any("not deterministic" in line for line in d["evidence"]), d["evidence"]

@@ -22,8 +22,19 @@ def forward_fn(engine, owner: str, phase: str):
 
 
 def state_tensors(engine) -> list[torch.Tensor]:
-    """Every tensor a forward may read or write: every owner's registry and KV cache."""
-    return [t for owner in engine.owners() for t in owner.state_tensors()]
+    """Every tensor a forward may read or write: every owner's registry and KV cache, and every tensor its
+    captured graphs read that the registry no longer holds (a buffer rebound after capture: the graph keeps
+    reading and writing the orphan, so a forward's pre-state includes it)."""
+    tensors = [t for owner in engine.owners() for t in owner.state_tensors()]
+    seen = {(t.data_ptr(), t.shape) for t in tensors}
+    for owner in engine.owners():
+        for entry in getattr(owner.executor, "graphs", {}).values():
+            for item in entry.manifest:
+                t = item.tensor
+                if t is not None and (t.data_ptr(), t.shape) not in seen:
+                    seen.add((t.data_ptr(), t.shape))
+                    tensors.append(t)
+    return tensors
 
 
 def snapshot(engine, meta) -> dict:
