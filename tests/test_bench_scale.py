@@ -106,3 +106,21 @@ def test_default_bench_runs_every_step(tmp_path):
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(report) >= {"latency", "parity", "bisect", "audit", "alarms"}
     assert report["alarms"]["false_alarms"] == 0
+
+
+def test_kernel_profile_groups_by_name_most_time_first():
+    from parity.commands.kernel_profile import format_groups, group_kernels
+
+    groups = group_kernels([("gemm", 5.0), ("copy", 1.0), ("gemm", 7.0), ("x" * 100, 2.0)], width=10)
+    assert groups == [("gemm", 2, 12.0), ("x" * 10, 1, 2.0), ("copy", 1, 1.0)]
+    text = format_groups("verify batch 1", groups, top=2)
+    assert text.splitlines()[0] == "verify batch 1: 4 kernels, 0.01 ms" and "copy" not in text
+
+
+def test_kernel_profile_without_cuda_says_so_in_one_line(capsys, monkeypatch):
+    from parity.commands import kernel_profile
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert kernel_profile.main([]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "needs one CUDA GPU" in lines[0]

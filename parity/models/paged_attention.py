@@ -33,6 +33,13 @@ the budget with at least one block per chunk, plus per-slot state independent of
 the context: q and the accumulator in fp32, NT * Tq * H * (2D + 4) * 4 bytes,
 and the output. Nothing is sized by max_model_len except the number of chunks.
 
+One forward, many layers: every layer reads the same metadata, so the
+layer-invariant half (where tokens sit in tiles, each chunk's block indices,
+the causal bound, a one-chunk plan's mask, the fp32 staging) is computed by
+the first attention call of a forward and shared (`one_forward`,
+`attention_tiles.ForwardLayout`); at 8B that took a verify forward from 3,124
+kernels to 2,067.
+
 Numerics: scores, softmax and P.V in fp32 on chunk-sized pieces, output cast
 to the query dtype once. Deterministic: no atomics; the only duplicate indices
 are PAD writes to the trash row and idle slots' writes to a dropped row.

@@ -1,0 +1,85 @@
+"""Where a FULL verify forward's GPU time goes: `python -m parity.commands.kernel_profile --synth-dir DIR`.
+
+For a real-shape pair (the synthetic 8B pair of `parity models synth`, or any
+local target/EAGLE-1 pair) in bf16 on one GPU: the target's verify forward at
+batch 1, 8 and 32 (uniform decode batches, max_model_len 512, as `parity bench
+scale` times them) run once eagerly at the FULL graph's padded shape, which
+launches the very kernels the replay does, under torch.profiler; the kernels
+grouped by name, the largest groups first, with their share of the GPU time.
+Without CUDA it prints one line on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+
+def group_kernels(events, width: int = 90) -> list[tuple[str, int, float]]:
+    """(name, count, microseconds) per kernel name (cut to `width`), the most time first.
+
+    `events` are (name, microseconds) of the device-side events of one forward.
+    """
+    groups: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    for name, micros in events:
+        group = groups[name[:width]]
+        group[0] += 1
+        group[1] += micros
+    return sorted(((name, n, us) for name, (n, us) in groups.items()), key=lambda g: -g[2])
+
+
+def format_groups(title: str, groups: list[tuple[str, int, float]], top: int) -> str:
+    total = sum(us for _, _, us in groups) or 1.0
+    lines = [f"{title}: {sum(n for _, n, _ in groups)} kernels, {total / 1e3:.2f} ms"]
+    lines += [f"{us / 1e3:8.3f} ms {100 * us / total:5.1f}% {n:6d}  {name}" for name, n, us in groups[:top]]
+    return "\n".join(lines)
+
+
+def profile_verify(pair, batch: int, device) -> list[tuple[str, float]]:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from parity.harness.bench import forward_engines, prepare_forward
+
+    with forward_engines(pair, device, "cuda", ("full",), batch, 512, capture_sizes=(batch,)) as engines:
+        forward = prepare_forward(engines["full"], "verify", batch)
+        with torch.no_grad():
+            for _ in range(3):
+                forward.eager_at_padded_shape()
+            torch.cuda.synchronize(device)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                forward.eager_at_padded_shape()
+                torch.cuda.synchronize(device)
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parity.commands.kernel_profile", description=__doc__.splitlines()[0])
+    p.add_argument("--synth-dir", default="/tmp/synth8b", help="a folder holding target/ and eagle1/")
+    p.add_argument("--batches", default="1,8,32", help="verify batch sizes, comma-separated")
+    p.add_argument("--top", type=int, default=20, help="kernel groups shown per batch")
+    args = p.parse_args(argv)
+    from parity.commands.gpu_scale import cuda_problem
+
+    problem = cuda_problem()
+    if problem is not None:
+        print(f"kernel_profile: needs one CUDA GPU: {problem}; nothing was run", file=sys.stderr)
+        return 2
+    import torch
+
+    from parity.models.pair import load_pair
+
+    root = Path(args.synth_dir)
+    device = torch.device("cuda")
+    pair = load_pair("local", target_path=str(root / "target"), draft_path=str(root / "eagle1"),
+                     dtype=torch.bfloat16, device=device)
+    for batch in (int(b) for b in args.batches.split(",")):
+        print(format_groups(f"verify batch {batch}", group_kernels(profile_verify(pair, batch, device)), args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
