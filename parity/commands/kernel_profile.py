@@ -38,22 +38,18 @@ def format_groups(title: str, groups: list[tuple[str, int, float]], top: int) ->
 
 
 def profile_verify(pair, batch: int, device) -> list[tuple[str, float]]:
+    """The device events of one verify forward at `batch`, run eagerly at its FULL graph's padded shape."""
     import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
     from parity.harness.bench import forward_engines, prepare_forward
+    from parity.harness.bench_scale import device_events
 
     with forward_engines(pair, device, "cuda", ("full",), batch, 512, capture_sizes=(batch,)) as engines:
         forward = prepare_forward(engines["full"], "verify", batch)
         with torch.no_grad():
-            for _ in range(3):
+            for _ in range(3):      # the allocator's and cuBLAS's first-call work stays out of the profile
                 forward.eager_at_padded_shape()
-            torch.cuda.synchronize(device)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                forward.eager_at_padded_shape()
-                torch.cuda.synchronize(device)
-    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+        return device_events(forward.eager_at_padded_shape, device)
 
 
 def main(argv: list[str] | None = None) -> int:

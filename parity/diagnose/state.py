@@ -26,14 +26,14 @@ def state_tensors(engine) -> list[torch.Tensor]:
     captured graphs read that the registry no longer holds (a buffer rebound after capture: the graph keeps
     reading and writing the orphan, so a forward's pre-state includes it)."""
     tensors = [t for owner in engine.owners() for t in owner.state_tensors()]
-    seen = {(t.data_ptr(), t.shape) for t in tensors}
-    for owner in engine.owners():
-        for entry in getattr(owner.executor, "graphs", {}).values():
-            for item in entry.manifest:
-                t = item.tensor
-                if t is not None and (t.data_ptr(), t.shape) not in seen:
-                    seen.add((t.data_ptr(), t.shape))
-                    tensors.append(t)
+    captured = [item.tensor for owner in engine.owners() for entry in getattr(owner.executor, "graphs", {}).values()
+                for item in entry.manifest if item.tensor is not None]
+    # One tensor per storage: a view the metadata object held of a registry buffer is saved with the buffer.
+    held = {t.untyped_storage().data_ptr() for t in tensors}
+    for t in captured:
+        if t.untyped_storage().data_ptr() not in held:
+            held.add(t.untyped_storage().data_ptr())
+            tensors.append(t)
     return tensors
 
 

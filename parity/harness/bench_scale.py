@@ -49,9 +49,8 @@ def hbm_bandwidth(device, nbytes: int = COPY_BYTES, iters: int = 20) -> float:
     return 2 * nbytes * iters / seconds
 
 
-def gpu_kernels(call, device) -> tuple[int, float]:
-    """(kernels launched, their summed GPU milliseconds) of one `call()`; memcpy and memset not counted as
-    kernels but their time is."""
+def device_events(call, device) -> list[tuple[str, float]]:
+    """(name, GPU microseconds) of every device-side event of one `call()`, under torch.profiler."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -59,9 +58,15 @@ def gpu_kernels(call, device) -> tuple[int, float]:
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize(device)
-    device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    kernels = [e for e in device_events if not e.name.startswith(("Memcpy", "Memset"))]
-    return len(kernels), sum(e.time_range.elapsed_us() for e in device_events) / 1e3
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def gpu_kernels(call, device) -> tuple[int, float]:
+    """(kernels launched, their summed GPU milliseconds) of one `call()`; memcpy and memset not counted as
+    kernels but their time is."""
+    events = device_events(call, device)
+    kernels = [name for name, _ in events if not name.startswith(("Memcpy", "Memset"))]
+    return len(kernels), sum(us for _, us in events) / 1e3
 
 
 def weight_bytes(pair) -> dict:

@@ -138,13 +138,13 @@ class ForwardLayout:
     in the tiles, which KV blocks each chunk gathers and which keys each slot
     may see are the same for all of them (about 30 kernels a layer when each
     layer recomputed them). `masks` keeps a one-chunk plan's mask per window
-    flag (see `chunk_masks`); `stage` is the fp32 staging of one chunk, allocated by the
-    first layer that attends and reused by the rest (layers run one at a time).
+    flag (see `chunk_masks`); `stage` is the fp32 staging of one chunk,
+    allocated by the first layer that attends and reused by the rest (layers
+    run one at a time).
     """
 
     slot_tokens: torch.Tensor           # [slots] token each slot gathers (idle ones clamped into [0, T))
     target: torch.Tensor                # [slots] output row of each slot: its token, or T (dropped) when idle
-    tile_row: torch.Tensor              # [tiles] request row of each tile
     blocks: tuple[torch.Tensor, ...]    # per chunk: [tiles * blocks] KV blocks each tile gathers
     hi: torch.Tensor                    # [tiles, 1, tile_len, 1] last key position each slot may see
     masks: dict = field(default_factory=dict)   # window flag -> a one-chunk plan's [tiles, 1, tile_len, keys] mask
@@ -162,7 +162,7 @@ def forward_layout(meta, plan: TilePlan) -> ForwardLayout:
     hi = torch.minimum(positions, seq_len - 1).view(plan.num_tiles, 1, plan.tile_len, 1)
     blocks = tuple(meta.block_table[:, first:first + n].index_select(0, tiles.tile_row).view(-1)
                    for first, n in plan.chunks)
-    return ForwardLayout(slot_tokens, target, tiles.tile_row, blocks, hi)
+    return ForwardLayout(slot_tokens, target, blocks, hi)
 
 
 def chunk_masks(layout: ForwardLayout, meta, plan: TilePlan, window: bool) -> tuple[torch.Tensor, ...]:

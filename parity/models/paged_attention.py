@@ -192,12 +192,11 @@ def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, group
     # fp32 staging of one chunk, K then V: [K or V | 1 1 1 1]. P.[V | 1] accumulates the
     # softmax sum in the output's GEMM and rescale (no sum, mul, add per chunk); rows of
     # D + 4 floats keep the GEMM operands 16-byte aligned.
-    stage = layout.stage
-    if stage is None or stage.shape[0] != batch or stage.shape[2] != head_dim + 4:
+    if layout.stage is None:    # the forward's first layer; every layer has the same heads and plan
         longest = max(n for _, n in plan.chunks) * block_size
-        stage = torch.empty(batch, longest, head_dim + 4, dtype=torch.float32, device=q.device)
-        stage[:, :, head_dim:].fill_(1.0)
-        layout.stage = stage
+        layout.stage = torch.empty(batch, longest, head_dim + 4, dtype=torch.float32, device=q.device)
+        layout.stage[:, :, head_dim:].fill_(1.0)
+    stage = layout.stage
     run_max = acc = None
     for (_, num_blocks), blocks, masked in zip(plan.chunks, layout.blocks, masks):
         chunk = num_blocks * block_size
