@@ -172,6 +172,18 @@ def test_fault_on_the_default_scenario_fails_naming_mode_and_position(capsys, tm
     assert "## parity gate: DRIFT" in md.read_text()
 
 
+def test_a_mode_refused_by_the_capacity_audit_fails_the_gate_naming_the_buffer(capsys, tmp_path):
+    junit = tmp_path / "gate.xml"
+    code, out, _ = gate(capsys, "--scenario", str(ROOT / "scenarios" / "s002-padded-drafter.yaml"), "--modes",
+                        "eager,full", "--backend", "emulated", "--inject", "query-start-loc-one-short",
+                        "--junit", str(junit))
+    assert code == 1, out
+    assert out.strip().splitlines()[-1].startswith("GATE DRIFT")
+    failures = {n: m for n, m in junit_cases(junit).items() if m}
+    assert list(failures) == ["full vs capacity audit: drafter.query_start_loc capacity"], failures
+    assert "holds 8 entries" in failures["full vs capacity audit: drafter.query_start_loc capacity"]
+
+
 def test_clean_engine_passes_against_eager_and_the_committed_baseline(capsys, tmp_path):
     junit, md = tmp_path / "gate.xml", tmp_path / "gate.md"
     code, out, _ = gate(capsys, "--scenario", DEFAULT, "--modes", "eager,full", "--backend", "emulated",
@@ -229,7 +241,7 @@ def test_a_graph_mode_that_replayed_no_graph_is_refused():
     from parity.harness.gate import refuse_vacuous
 
     def run(replays):
-        return SimpleNamespace(graph_replays=replays)
+        return SimpleNamespace(graph_replays=replays, short_buffers=None)
 
     cmp = SimpleNamespace(acceptance=Acceptance(10, (5, 2)))
     refuse_vacuous({"eager": run(None), "full": run(7)}, {"eager": cmp, "full": cmp})

@@ -113,6 +113,14 @@ def compare_mode(mode: str, eager, run, k: int, alpha: float, min_effect: float,
     return cmp
 
 
+def refused_comparison(mode: str, eager, k: int, short_buffers: list[dict]) -> ModeComparison:
+    """A mode the capacity audit refused before capture: nothing ran, and that is a graph bug (drift)."""
+    acc = acceptance(eager.drafts.iloc[0:0], k)
+    cmp = ModeComparison(mode, acc, [(0.0, 0.0)] * k, False, [], 0.0, 0.0, None, [False] * k, verdict="drift")
+    cmp.reasons = [f"not run: a padded batch does not fit a persistent buffer: {s['message']}" for s in short_buffers]
+    return cmp
+
+
 def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
     """Eager, then every graph mode against its padded reference (verdict) and against eager (numerics)."""
     runs, references, reference_of = runset.runs, runset.references, runset.reference_of
@@ -122,11 +130,14 @@ def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
     k, tol = scenario.num_speculative_tokens, scenario.tolerances
     # The family is every position of every graph mode: Holm within a mode at alpha / (graph modes).
     alpha = tol.alpha / max(1, len(runs) - 1)
-    numbers = {name: numerics(ref.result, eager, name) for name, ref in references.items()}
+    numbers = {name: numerics(ref.result, eager, name) for name, ref in references.items() if ref.result is not None}
     out = {}
     for mode, run in runs.items():
+        if run.result is None:
+            out[mode] = refused_comparison(mode, eager, k, run.short_buffers)
+            continue
         name = reference_of.get(mode)
-        reference = (name, references[name].result) if name is not None else None
+        reference = (name, references[name].result) if name is not None and name in numbers else None
         out[mode] = compare_mode(mode, eager, run.result, k, alpha, tol.acceptance_min_effect, reference,
                                  numbers.get(name))
         if mode != EAGER and not getattr(run, "graph_replays", None):

@@ -10,6 +10,7 @@ POOL_ALIAS = "POOL_ALIAS"
 CAPTURE_CONTEXT = "CAPTURE_CONTEXT"
 DESCRIPTOR_MISMATCH = "DESCRIPTOR_MISMATCH"
 OUTPUT_ALIASED = "OUTPUT_ALIASED"
+SHORT_BUFFER = "SHORT_BUFFER"
 NOT_EXERCISED = "NOT_EXERCISED"
 UNEXPLAINED = "UNEXPLAINED"
 NONE = "NONE"
@@ -23,10 +24,11 @@ EXPLAIN = {
     CAPTURE_CONTEXT: "the graph was captured with other metadata than the one replay refreshes",
     DESCRIPTOR_MISMATCH: "the batch replayed a graph captured for another shape than the one it was built for",
     OUTPUT_ALIASED: "a graph's output was read after a later replay had overwritten it (held by reference, not copied)",
+    SHORT_BUFFER: "a persistent buffer holds fewer entries than a padded batch slices: a short tensor (capacity audit)",
     NOT_EXERCISED: "no forward of the mode replayed a graph: a silent eager fallback proves nothing",
     UNEXPLAINED: "localised, but no one-variable experiment restores parity (see what was ruled out)",
     NONE: "no divergence found",
 }
 # The classes a bug can be diagnosed as (the others say there is none, or that it is not explained).
 BUG_KINDS = (BUFFER_REASSIGNED, STALE_BUFFER, FROZEN_AT_CAPTURE, PADDING_LEAK, POOL_ALIAS, CAPTURE_CONTEXT,
-             DESCRIPTOR_MISMATCH, OUTPUT_ALIASED)
+             DESCRIPTOR_MISMATCH, OUTPUT_ALIASED, SHORT_BUFFER)

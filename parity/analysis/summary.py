@@ -60,7 +60,7 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
 def mode_summary(cmp: ModeComparison, run) -> dict:
     """One mode's entry under `modes`: acceptance, parity with eager, verdict, how its forwards ran."""
     acc = cmp.acceptance
-    forwards = run.result.forwards
+    ran = run.result is not None
     return {
         "num_drafts": acc.num_drafts,
         "accepted_per_position": list(acc.accepted_per_position),
@@ -78,8 +78,11 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
         "position_drift": cmp.position_drift,
         "verdict": cmp.verdict,
         "reasons": cmp.reasons,
-        "num_output_tokens": int(len(run.result.tokens)),
-        "forwards_by_runtime_mode": {str(k): int(v) for k, v in forwards.groupby("runtime_mode").size().items()},
+        "num_output_tokens": int(len(run.result.tokens)) if ran else 0,
+        "forwards_by_runtime_mode": {str(k): int(v) for k, v in run.result.forwards.groupby("runtime_mode").size()
+                                     .items()} if ran else {},
+        # The capacity audit's findings when it refused the mode before capture (nothing ran).
+        "short_buffers": getattr(run, "short_buffers", None),
         "capture": run.capture,
         "graph_replays": run.graph_replays,
         "memory": getattr(run, "memory", None),     # CUDA: baseline, peak and leftover bytes of the run

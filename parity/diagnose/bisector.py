@@ -6,11 +6,12 @@ import dataclasses
 
 import torch
 
-from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, UNEXPLAINED
+from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, SHORT_BUFFER, UNEXPLAINED
 from parity.diagnose import descriptor, experiments, lifetime, padding, pool, readset, recapture, reproducible
 from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
+from parity.graphs.capacity import ShortBuffers
 from parity.graphs.factory import install_graphs, install_padded_reference
 from parity.graphs.modes import EAGER
 from parity.graphs.policy import CapturePolicy
@@ -35,7 +36,10 @@ def bisect_mode(make_engine, specs, mode: str, backend: str, scenario, policy: C
 
     diagnosis = Diagnosis(NONE, [], mode)
     if not graph_matches_clean_reference:
-        diagnosis = Bisector(make_engine, reference(False), graphs, specs, mode).run()
+        try:
+            diagnosis = Bisector(make_engine, reference(False), graphs, specs, mode).run()
+        except ShortBuffers as short:     # the capacity audit refused the mode before anything was captured
+            return short_buffer_diagnosis(mode, short.shortfalls)
     if diagnosis.kind == NONE:
         first = diagnosis
         diagnosis = PaddingBisector(make_engine, reference(False), reference(True), specs, mode).run()
@@ -44,6 +48,19 @@ def bisect_mode(make_engine, specs, mode: str, backend: str, scenario, policy: C
             diagnosis.evidence = first.evidence + diagnosis.evidence
             diagnosis.ruled_out = first.ruled_out + diagnosis.ruled_out
     return diagnosis
+
+
+def short_buffer_diagnosis(mode: str, shortfalls) -> Diagnosis:
+    """SHORT_BUFFER from the capacity audit's findings: each buffer, its capacity and the padded shape."""
+    first = shortfalls[0]
+    owners = list(dict.fromkeys(s.owner for s in shortfalls))
+    return Diagnosis(SHORT_BUFFER, list(dict.fromkeys(s.buffer for s in shortfalls)), mode,
+                     owner=", ".join(owners), phase=first.phase,
+                     graph={"runtime_mode": first.runtime_mode, "num_tokens": first.num_tokens,
+                            "num_reqs": first.num_reqs},
+                     evidence=[s.describe() for s in shortfalls],
+                     experiment="capacity audit before capture: every batch-indexed buffer against every padded "
+                                "shape the dispatcher pads to; a slice past a buffer's end is a short tensor")
 
 
 class Bisector:

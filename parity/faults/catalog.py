@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
-                                   NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS, STALE_BUFFER)
+                                   NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS, SHORT_BUFFER,
+                                   STALE_BUFFER)
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
 
@@ -92,6 +93,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "default", GRAPH_MODES,
           "a step's records are completed while the next step runs, from the target's logits held by reference: "
           "the next verify replay has overwritten them"),
+    Fault("query-start-loc-one-short", SHORT_BUFFER, ("query_start_loc",), "EagleProposer.__init__ (buffer sizes)",
+          "vLLM #50065", "s002-padded-drafter", GRAPH_MODES,
+          "the drafter's query_start_loc holds max_num_seqs entries, one short of a batch padded to max_num_seqs "
+          "rows (every real batch of the scenario has fewer)"),
 ]}
 
 

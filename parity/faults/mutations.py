@@ -172,3 +172,14 @@ class LogitsReadNextStep:
         if pending is not None:
             super().read_logits(*pending)
         return super().frames()
+
+
+class QueryStartLocOneShort:
+    """The drafter allocates query_start_loc with max_num_seqs entries, one short of max_num_seqs + 1: enough
+    for every real batch of fewer rows, and one short for a batch padded to max_num_seqs rows, whose slice
+    comes back silently short (vLLM #50065: buffers sized for the largest real batch, not the padded one)."""
+
+    def __init__(self, head, config, *args, **kwargs):
+        super().__init__(head, config, *args, **kwargs)
+        self.buffers.rebind("query_start_loc", torch.zeros(config.max_num_seqs, dtype=torch.int64,
+                                                           device=self.buffers.device))

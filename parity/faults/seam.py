@@ -43,6 +43,7 @@ MUTATIONS: dict[str, Mutation] = {
     "input-ids-rebound": Mutation(("target_builder",), m.InputIdsRebound),
     "sampler-offset-frozen": Mutation(("proposer",), m.SamplerOffsetByHostStep),
     "logits-read-next-step": Mutation(("records",), m.LogitsReadNextStep),
+    "query-start-loc-one-short": Mutation(("proposer",), m.QueryStartLocOneShort),
 }
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from parity.errors import ParityInputError
+from parity.graphs.capacity import check_capacity
 from parity.graphs.cuda import CudaBackend
 from parity.graphs.descriptor import EagerExecutor
 from parity.graphs.dispatcher import Dispatcher
@@ -48,6 +49,14 @@ def dispatcher_for(engine, owner, mode: str, capture_sizes) -> Dispatcher:
     return Dispatcher(mode, sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens, uniform)
 
 
+def checked_dispatchers(engine, mode: str, capture_sizes, drafter_mode: str | None) -> dict:
+    """Each owner's dispatcher under `mode`, after the capacity audit (raises ShortBuffers)."""
+    modes = owner_modes(engine, mode, drafter_mode)
+    dispatchers = {o.name: dispatcher_for(engine, o, modes[o.name], capture_sizes) for o in engine.owners()}
+    check_capacity(mode, [(o, dispatchers[o.name]) for o in engine.owners()])
+    return dispatchers
+
+
 def install_padded_reference(engine, mode: str, capture_sizes=None, drafter_mode: str | None = None,
                              poison: bool = False) -> None:
     """Make `engine` the strict reference of `mode`: same padding, eager execution.
@@ -56,10 +65,9 @@ def install_padded_reference(engine, mode: str, capture_sizes=None, drafter_mode
     (inputs of padded tokens and rows) with values no real output may depend
     on, so the reference also proves the padding inert.
     """
-    modes = owner_modes(engine, mode, drafter_mode)
+    dispatchers = checked_dispatchers(engine, mode, capture_sizes, drafter_mode)
     for owner in engine.owners():
-        owner.executor = PaddedEagerExecutor(dispatcher_for(engine, owner, modes[owner.name], capture_sizes),
-                                             owner.poison_padding if poison else None)
+        owner.executor = PaddedEagerExecutor(dispatchers[owner.name], owner.poison_padding if poison else None)
 
 
 def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, drafter_mode: str | None = None,
@@ -70,6 +78,7 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
         for owner in engine.owners():
             owner.executor = EagerExecutor()
         return {}
+    dispatchers = checked_dispatchers(engine, mode, capture_sizes, drafter_mode)
     backend = make_backend(backend_name, engine.device)
     owners = engine.owners()
     state = [t for o in owners for t in o.state_tensors()]
@@ -79,7 +88,7 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
     pools["drafter"] = pools["target"] if policy.shared_drafter_pool else backend.new_pool("drafter")
     counts = {}
     for owner in owners:
-        dispatcher = dispatcher_for(engine, owner, modes[owner.name], capture_sizes)
+        dispatcher = dispatchers[owner.name]
         copied = {f.phase: tuple(i for i, name in enumerate(f.outputs) if name in policy.copied_outputs)
                   for f in owner.forwards()}
         executor = policy.executor(owner.name, modes[owner.name], backend, pools[owner.name], dispatcher,

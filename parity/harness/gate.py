@@ -19,7 +19,7 @@ from pathlib import Path
 from parity.analysis.baseline import (baseline_records, build_baseline, check_model, check_scenario,
                                       load_baseline)
 from parity.analysis.compare import compare_runs
-from parity.analysis.gate import Pairing, evaluate_gate
+from parity.analysis.gate import GateCheck, GateResult, Pairing, evaluate_gate
 from parity.analysis.sources import from_acceptance
 from parity.analysis.summary import build_summary
 from parity.analysis.tolerances import Tolerances
@@ -141,7 +141,12 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
     refuse_vacuous(runs.runs, comparisons)
     check_padding(pair, scenario, device, request, runs, comparisons)
     pairings = engine_pairings(runs, comparisons, scenario, baseline, baseline_path)
-    result = evaluate_gate(pairings, scenario.tolerances, seed=scenario.seed)
+    refused = capacity_checks(runs.runs)
+    tol = scenario.tolerances
+    # Every graph mode refused before capture leaves nothing to pair: the refusals alone are the verdict.
+    result = evaluate_gate(pairings, tol, seed=scenario.seed) if pairings or not refused else \
+        GateResult([], tol.alpha, tol.acceptance_min_effect, "holm", 0)
+    result.checks += refused
     result.notes += noise_baselines(comparisons)
 
     report = {"kind": "engine", "model": pair.name, "model_checksum": pair.checksum(), "scenario": scenario.name,
@@ -170,6 +175,8 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
 def refuse_vacuous(runs: dict, comparisons: dict) -> None:
     """Bad input when a mode made no drafts or a graph mode replayed no graph."""
     for mode, cmp in comparisons.items():
+        if runs[mode].short_buffers:
+            continue        # refused before capture: a failing check of its own (capacity_checks)
         if cmp.acceptance.num_drafts == 0:
             raise ParityInputError(f"mode {mode} made no drafts (max_tokens too small?): nothing to compare")
         if mode != "eager":
@@ -185,13 +192,20 @@ def engine_pairings(runs, comparisons: dict, scenario, baseline: dict | None = N
     records = {m: from_acceptance(m, "engine", c.acceptance) for m, c in comparisons.items()}
     pairings = []
     for mode, cmp in comparisons.items():
-        if mode == "eager":
+        if mode == "eager" or runs.runs[mode].short_buffers:
             continue
         pairings.append(Pairing(records[mode], records["eager"], "eager", cmp.reference, cmp.padding))
     if baseline is not None:
         base = baseline_records(baseline, str(baseline_path))
-        pairings += [Pairing(records[m], base[m], "baseline") for m in comparisons]
+        pairings += [Pairing(records[m], base[m], "baseline") for m in comparisons if not runs.runs[m].short_buffers]
     return pairings
+
+
+def capacity_checks(runs: dict) -> list[GateCheck]:
+    """One failing check per buffer of a mode the capacity audit refused (nothing of that mode ran)."""
+    return [GateCheck(mode, "capacity audit", f"{s['owner']}.{s['buffer']} capacity", "capacity", False, s["message"],
+                      method="exact", numbers={"capacity": s["capacity"], "needed": s["needed"]})
+            for mode, run in runs.items() for s in run.short_buffers or ()]
 
 
 def noise_baselines(comparisons: dict) -> list[str]:

@@ -24,6 +24,7 @@ from parity.engine.parts import EngineParts
 from parity.engine.records import RunResult
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
 from parity.errors import ParityInputError
+from parity.graphs.capacity import ShortBuffers
 from parity.graphs.factory import install_graphs, install_padded_reference, uninstall
 from parity.graphs.modes import EAGER, padding_signature
 from parity.graphs.policy import CapturePolicy
@@ -34,12 +35,13 @@ from parity.harness.scenario import Scenario
 @dataclass
 class ModeRun:
     mode: str
-    result: RunResult
+    result: RunResult | None       # None: the capacity audit refused the mode (`short_buffers`); nothing ran
     backend: str
     capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
     graph_replays: int | None = None              # graph replays really run (None: no graphs installed)
     memory: dict | None = None     # CUDA: baseline, peak and leftover bytes of this run (release.measured)
     timing: dict = field(default_factory=dict)    # capture and run seconds
+    short_buffers: list[dict] | None = None       # the capacity audit's findings when it refused the mode
 
 
 @dataclass
@@ -133,16 +135,21 @@ def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: Engin
         engine = SpecDecodeEngine(pair.target, pair.head, config, device, parts)
         try:
             with watch("capture_seconds"):
-                capture = install(engine)
+                try:
+                    capture = install(engine)
+                except ShortBuffers as short:
+                    # The mode's padded shapes do not fit the engine's buffers: a graph bug, found before capture.
+                    return None, {}, None, [s.as_dict() for s in short.shortfalls]
             with watch("run_seconds"):
                 result = engine.run(specs, progress=progress)
             replays = [o.executor.replays for o in engine.owners() if hasattr(o.executor, "replays")]
-            return result, capture, sum(replays) if replays else None
+            return result, capture, sum(replays) if replays else None, None
         finally:
             uninstall(engine)
 
-    (result, capture, replays), memory = measured(go, device, f"the {name} run of {scenario.name}", scenario)
-    return ModeRun(name, result, backend, capture, replays, memory, watch.seconds)
+    (result, capture, replays, short), memory = measured(go, device, f"the {name} run of {scenario.name}",
+                                                         scenario)
+    return ModeRun(name, result, backend, capture, replays, memory, watch.seconds, short)
 
 
 def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: EngineParts = EngineParts(),

@@ -71,6 +71,8 @@ def records_frame(runs, table: str) -> pd.DataFrame:
     runs = runs.all_runs() if hasattr(runs, "all_runs") else runs
     frames = []
     for mode, run in runs.items():
+        if run.result is None:      # refused by the capacity audit: no records
+            continue
         frame = getattr(run.result, table).copy()
         frame.insert(0, "mode", mode)
         frames.append(frame)

@@ -14,6 +14,8 @@ SHORT = {"eager": "eager", "piecewise": "piecewise", "full": "full", "full_decod
 
 
 VERDICT_CELL = {"pass": "PASS", "drift": "DRIFT", "not_exercised": "IDLE"}
+# A mode the capacity audit refused before capture: no acceptance to show.
+NOT_RUN = Text("not run", style="bold red")
 
 
 def _delta_style(delta: float, drift: bool) -> str:
@@ -40,7 +42,9 @@ def acceptance_table(summary: dict) -> Table:
         for name in names:
             m = modes[name]
             rate = m["acceptance_per_position"][i]
-            if name == "eager" or ref is None:
+            if m.get("short_buffers"):
+                cells.append(NOT_RUN)
+            elif name == "eager" or ref is None:
                 cells.append(Text(f"{rate:.3f}"))
             else:
                 delta = rate - ref["acceptance_per_position"][i]
@@ -51,14 +55,17 @@ def acceptance_table(summary: dict) -> Table:
     for name in names:
         m = modes[name]
         text = f"{m['mean_acceptance_length']:.3f}"
-        if ref is not None and name != "eager":
+        if m.get("short_buffers"):
+            row.append(NOT_RUN)
+        elif ref is not None and name != "eager":
             delta = m["mean_acceptance_length"] - ref["mean_acceptance_length"]
             row.append(Text(f"{text} {delta:+.2f}", style=_delta_style(delta, m["verdict"] == "drift")))
         else:
             row.append(Text(text))
     table.add_row("len", *row)
     table.add_row("ref=", *[Text(reference_cell(m), style=_reference_style(m)) for m in modes.values()])
-    table.add_row("tok=", *[Text("yes", style="green") if m["tokens_equal_to_eager"] else Text("no", style="yellow")
+    table.add_row("tok=", *[Text("-", style="dim") if m.get("short_buffers") else
+                            Text("yes", style="green") if m["tokens_equal_to_eager"] else Text("no", style="yellow")
                             for m in modes.values()])
     table.add_row("|Δlp|", *[Text(logprob_cell(m)) for m in modes.values()])
     table.add_row("flips", *[Text(flips_cell(m)) for m in modes.values()])

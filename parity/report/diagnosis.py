@@ -11,8 +11,8 @@ from parity.analysis.kinds import EXPLAIN, NONE, UNEXPLAINED
 
 
 def describe_where(d: dict) -> str:
-    """'step S, phase (draft step J), owner' of a diagnosis."""
-    where = f"step {d.get('step')}, {d['phase']}"
+    """'step S, phase (draft step J), owner' of a diagnosis ('before capture' for the capacity audit's)."""
+    where = f"step {d['step']}, {d['phase']}" if d.get("step") is not None else f"before capture, {d['phase']}"
     if d.get("draft_step") is not None and d["phase"] != "verify":
         where += f" (draft step {d['draft_step']})"
     if d.get("owner"):
@@ -65,6 +65,7 @@ def diagnoses_view(summary: dict):
     lines = Text("also diagnosed (whole panels in diagnosis.json, by_mode):")
     for mode, d in others:
         named = f"{d.get('kind')}({', '.join(d['buffers'])})" if d.get("buffers") else str(d.get("kind"))
-        where = f" at {describe_where(d)}" if d.get("phase") else ""
+        where = f" at {describe_where(d)}" if d.get("phase") and d.get("step") is not None else \
+            f", {describe_where(d)}" if d.get("phase") else ""
         lines.append(f"\n  {mode}: {named}{where}")
     return Group(diagnosis_panel(first), lines)

@@ -59,6 +59,8 @@ def acceptance_table(summary: dict) -> list[str]:
              "|---:|" + "---:|" * len(names)]
 
     def with_delta(name: str, value: float, ref_value: float | None, drift: bool, digits: int = 3) -> str:
+        if modes[name].get("short_buffers"):
+            return "**not run**"     # refused by the capacity audit before capture
         text = f"{value:.{digits}f}"
         if ref_value is not None and name != "eager":
             text += f" ({value - ref_value:+.{digits}f})"

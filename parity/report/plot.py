@@ -27,6 +27,8 @@ def _figure(summary: dict):
     ax = fig.add_subplot(1, 1, 1)
     width = 0.8 / max(1, len(modes))
     for j, (name, m) in enumerate(modes.items()):
+        if m.get("short_buffers"):      # refused before capture: nothing to plot
+            continue
         xs = [i - 0.4 + width * (j + 0.5) for i in range(k)]
         rates = m["acceptance_per_position"]
         ci = m.get("acceptance_ci95") or [[r, r] for r in rates]
