@@ -86,6 +86,26 @@ def test_graph_count_is_what_capture_makes(tiny):
         assert plan.modes[mode].graphs == sum(summary.get("graphs", {}).values()), mode
 
 
+def test_capture_copies_the_state_once_and_the_plan_counts_that_copy(tiny, monkeypatch):
+    """Captures put the KV caches and buffers back after each graph from one copy taken per install: the plan
+    counts that copy (instead of the activations, which come later) in every mode that captures."""
+    import parity.graphs.factory as factory
+
+    scenario = load_scenario(ROOT / "scenarios/default.yaml")
+    copies = []
+    real = factory.snapshot_tensors
+    monkeypatch.setattr(factory, "snapshot_tensors", lambda state: copies.append(len(state)) or real(state))
+    engine = SpecDecodeEngine(tiny.target, tiny.head, engine_config(scenario))
+    state = [t for o in engine.owners() for t in o.state_tensors()]
+    summary = install_graphs(engine, "full", "emulated", scenario.capture_sizes)
+    assert sum(summary["graphs"].values()) > 1 and copies == [len(state)]
+    plan = tiny_plan(scenario)
+    for mode, p in plan.modes.items():
+        assert p.capture_state == (0 if mode == "eager" else p.kv_cache + p.buffers), mode
+        held = p.kv_cache + p.buffers + p.graphs_target + p.graphs_drafter + p.pieces
+        assert p.run_bytes == held + max(p.activations, p.capture_state) + p.slack
+
+
 def test_8b_figures_from_configs():
     assert memory.target_params(LLAMA3_8B) == 8_030_261_248      # Meta-Llama-3-8B's published count
     plan = make_plan(LLAMA3_8B, EAGLE1_8B, torch.bfloat16, load_scenario(ROOT / "scenarios/long-context-8k.yaml"),

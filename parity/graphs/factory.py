@@ -82,8 +82,10 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
     backend = make_backend(backend_name, engine.device)
     owners = engine.owners()
     state = [t for o in owners for t in o.state_tensors()]
-    snapshot = lambda: snapshot_tensors(state)  # noqa: E731
-    restore = lambda saved: restore_tensors(state, saved)  # noqa: E731
+    # One copy of the state (KV caches and buffers) for the whole install, put back after every capture:
+    # one copy per graph kept two alive at once while the next was taken (8 GiB at 8B, long context).
+    saved = snapshot_tensors(state)
+    restore = lambda: restore_tensors(state, saved)  # noqa: E731
     pools = {"target": backend.new_pool("target")}
     pools["drafter"] = pools["target"] if policy.shared_drafter_pool else backend.new_pool("drafter")
     counts = {}
@@ -96,7 +98,7 @@ def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, dra
         capture_metadata = _capture_metadata(owner, executor, policy)
         for forward in owner.forwards():
             counts[forward.phase] = executor.capture_phase(forward.phase, forward.fn, capture_metadata,
-                                                           forward.max_tokens, snapshot, restore)
+                                                           forward.max_tokens, restore)
         owner.executor = executor
     target_dispatcher = engine.owner("target").executor.dispatcher
     return {"backend": backend.name, "capture_sizes": list(target_dispatcher.token_sizes),

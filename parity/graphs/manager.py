@@ -70,14 +70,14 @@ class GraphExecutor:
         self.replays += 1
         return entry.graph.replay(meta)
 
-    def capture_phase(self, phase: str, fn, capture_metadata, max_tokens: int, snapshot, restore) -> int:
-        """Capture every graph `phase` can dispatch to; returns how many."""
+    def capture_phase(self, phase: str, fn, capture_metadata, max_tokens: int, restore) -> int:
+        """Capture every graph `phase` can dispatch to; returns how many. `restore()` puts the buffers and KV
+        caches back as they were before any capture (a capture leaves no trace)."""
         count = 0
         for runtime, descriptor, num_tokens, num_reqs in self.dispatcher.capture_plan(phase, max_tokens):
             key = (phase, runtime, descriptor)
             if key in self.graphs:
                 continue
-            saved = snapshot()
             try:
                 meta = capture_metadata(num_tokens, num_reqs)
                 body = lambda t=num_tokens, r=num_reqs, m=meta: fn(t, r, m)  # noqa: E731
@@ -90,7 +90,7 @@ class GraphExecutor:
                     graph = capture(self.backend, self.pool, body, piecewise=runtime == PIECEWISE,
                                     weak_outputs=self.weak_outputs)
             finally:
-                restore(saved)
+                restore()
             manifest = build_manifest(graph.read_storages, self.registries, meta)
             self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta), meta, contents)
             count += 1

@@ -15,6 +15,10 @@ mode needs the weights (loaded once) plus what its own run holds:
 - **activations**: the largest forward that runs outside graphs (eager mode,
   a batch no graph covers, PIECEWISE's eager attention) and the verify output's
   log-softmax the records take, [max_num_batched_tokens, vocab] in fp32;
+- **capture state**: while graphs are captured, one copy of the KV cache and
+  buffers (a capture leaves no trace: they are put back after each one). It
+  is alive only before the run starts, so a mode needs the larger of it and
+  the activations, not both;
 - **slack**: 256 MiB + 5% of the run for the caching allocator's rounding.
 
 The budget is the device's free memory (`torch.cuda.mem_get_info`), available
@@ -41,7 +45,8 @@ from parity.models.zoo import get_entry, resolve_paths
 GIB = 1 << 30
 SLACK_BYTES = 256 << 20
 SLACK_SHARE = 0.05
-COMPONENTS = ("kv_cache", "buffers", "graphs_target", "graphs_drafter", "pieces", "activations", "slack")
+COMPONENTS = ("kv_cache", "buffers", "graphs_target", "graphs_drafter", "pieces", "activations", "capture_state",
+              "slack")
 
 
 @dataclass
@@ -53,12 +58,15 @@ class ModePlan:
     graphs_drafter: int = 0      # the drafter's pool (0 when it shares the target's)
     pieces: int = 0              # q/k/v and attention outputs PIECEWISE graphs keep
     activations: int = 0         # forwards outside graphs, and the records' log-softmax
+    capture_state: int = 0       # the copy of KV cache and buffers alive while graphs are captured
     slack: int = 0
     graphs: int = 0              # how many graphs the run captures
 
     @property
     def run_bytes(self) -> int:
-        return sum(getattr(self, name) for name in COMPONENTS)
+        """The run's largest moment: capture (its state copy) or the run (its activations), never both."""
+        held = self.kv_cache + self.buffers + self.graphs_target + self.graphs_drafter + self.pieces
+        return held + max(self.activations, self.capture_state) + self.slack
 
     @property
     def graph_bytes(self) -> int:
@@ -93,7 +101,8 @@ class MemoryPlan:
         worst = self.modes[self.worst]
         parts = ", ".join(f"{label} {_gib(value)}" for label, value in (
             ("weights", self.weights), ("KV cache", worst.kv_cache), ("buffers", worst.buffers),
-            ("graphs", worst.graph_bytes), ("activations", worst.activations), ("slack", worst.slack)))
+            ("graphs", worst.graph_bytes), ("activations", worst.activations),
+            ("capture copy", worst.capture_state), ("slack", worst.slack)))
         return (f"memory plan: the {worst.mode} run of {self.model} in {self.dtype} needs "
                 f"{self.total(worst.mode) / GIB:.1f} GiB ({parts}) but {self.budget_source} is "
                 f"{(self.budget or 0) / GIB:.1f} GiB; {self.knob()} (`parity run --plan` shows every mode)")
@@ -104,7 +113,7 @@ class MemoryPlan:
         if self.weights + SLACK_BYTES > (self.budget or 0):
             return "the weights alone do not fit: use a smaller --dtype or a larger device"
         biggest = max(("graphs", worst.graph_bytes), ("activations", worst.activations),
-                      ("kv", worst.kv_cache), key=lambda item: item[1])[0]
+                      ("kv", worst.kv_cache + worst.capture_state), key=lambda item: item[1])[0]
         if biggest == "kv":
             hint = f"lower max_model_len ({k['max_model_len']}) or max_num_seqs ({k['max_num_seqs']})"
         elif biggest == "graphs":
@@ -207,6 +216,7 @@ def _mode_plan(mode: str, shapes: _Shapes, cfg, sizes, drafter_mode, shared_pool
     target_eager = fallback_for(mode) == EAGER or max((s for s in sizes if s <= T), default=0) < T
     records = T * shapes.t.vocab * FP32 * (2 if target_eager else 1)   # logits (when eager) + their log-softmax
     plan.activations = max(eager + [records])
+    plan.capture_state = plan.kv_cache + plan.buffers if plan.graphs else 0
     plan.slack = SLACK_BYTES + int(SLACK_SHARE * plan.run_bytes)
     return plan
 
