@@ -108,6 +108,31 @@ def _signal_self_while_writing(sig: int):
 
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_a_library_turned_into_its_own_error_still_exits_128_plus_signal(capsys, sig, code, word):
+    """torch, interrupted mid-load, raised its own error in place of ours: the weights were called corrupt."""
+    from parity.commands.boundary import guarded
+    from parity.errors import ParityInputError
+
+    def load():
+        try:
+            os.kill(os.getpid(), sig)
+            time.sleep(5)
+        except BaseException as exc:     # what the library did with the signal's exception
+            raise TypeError("could not determine the shape of object type 'torch.storage.UntypedStorage'") from exc
+
+    def command():
+        try:
+            load()
+        except TypeError as exc:          # what the loader does with a library error
+            raise ParityInputError(f"model.safetensors: unreadable or corrupt weights ({exc})") from exc
+
+    assert guarded(command) == code
+    err = capsys.readouterr().err
+    assert word in err and "corrupt" not in err, err
+    assert guarded(lambda: (_ for _ in ()).throw(TypeError("boom"))) == 3, "no signal: an internal error as before"
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_while_writing_exits_128_plus_signal_and_leaves_no_folder(tmp_path, sig, code, word):
     scenario = tiny_scenario(tmp_path)
     pid = fork_main(run_args(scenario), tmp_path, tmp_path / "logs", before=_signal_self_while_writing(sig))

@@ -11,6 +11,10 @@ Users meet this tool in CI logs and terminals; a traceback there reads as
     SIGTERM (raised as errors.Terminated)                  -> 143
     anything else (a bug)                                  -> 3, traceback saved to a file
 
+Once a signal has arrived, the signal's code wins over whatever escapes: a
+library can catch our Terminated and raise an error of its own (torch did,
+mid-load, and the weights were then reported corrupt).
+
 SIGTERM is turned into an exception so that the `finally` and `except
 BaseException` clauses that remove half-written run folders run before the
 process exits; a second signal during that clean-up is ignored rather than
@@ -62,20 +66,30 @@ def say(message: str) -> None:
 
 def guarded(call) -> int:
     """Run `call()` (a command; returns its exit code) and turn every failure into one line and a code."""
-    with _signals_raise():
+    with _signals_raise() as fired:
         try:
             return call()
         except ParityInputError as exc:
+            if fired:
+                return _signalled(fired[0])
             say(f"error: {exc}")
             return EXIT_USAGE
         except KeyboardInterrupt:
-            say("interrupted (no run folder was left half-written)")
-            return EXIT_INTERRUPTED
+            return _signalled(signal.SIGINT)
         except Terminated:
-            say("terminated (no run folder was left half-written)")
-            return EXIT_TERMINATED
+            return _signalled(signal.SIGTERM)
         except Exception as exc:        # noqa: BLE001 - the boundary: every exception ends here
-            return _unexpected_or_known(exc)
+            # A library that turned our Terminated / KeyboardInterrupt into an error of its own (torch while
+            # loading weights does) must not hide the signal behind a wrong cause: the signal wins.
+            return _signalled(fired[0]) if fired else _unexpected_or_known(exc)
+
+
+def _signalled(signum) -> int:
+    if signum == signal.SIGINT:
+        say("interrupted (no run folder was left half-written)")
+        return EXIT_INTERRUPTED
+    say("terminated (no run folder was left half-written)")
+    return EXIT_TERMINATED
 
 
 def _unexpected_or_known(exc: Exception) -> int:
@@ -145,16 +159,17 @@ def _raise_once(kind, fired: list):
 
 @contextlib.contextmanager
 def _signals_raise():
-    """SIGTERM raises Terminated and SIGINT KeyboardInterrupt, the first one only, while the command runs."""
+    """SIGTERM raises Terminated and SIGINT KeyboardInterrupt, the first one only, while the command runs;
+    yields the list the first signal's number lands in."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield []
         return
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     fired: list = []
     signal.signal(signal.SIGTERM, _raise_once(Terminated, fired))
     signal.signal(signal.SIGINT, _raise_once(KeyboardInterrupt, fired))
     try:
-        yield
+        yield fired
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
