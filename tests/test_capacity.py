@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from parity.cli import main
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs.capacity import ShortBuffers, shortfalls
 from parity.graphs.factory import dispatcher_for, install_graphs, install_padded_reference
@@ -15,6 +20,7 @@ from parity.graphs.modes import MODES
 from tests.conftest import engine_config
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_engine(pair, **config) -> SpecDecodeEngine:
@@ -71,3 +77,22 @@ def test_eager_pads_nothing_and_is_never_refused(random_pair):
     engine = make_engine(random_pair, max_num_seqs=3)
     engine.owner("target").buffers.rebind("seq_lens", torch.zeros(2, dtype=torch.int64))
     assert install_graphs(engine, "eager", "emulated") == {}
+
+
+def test_parity_run_reports_a_refused_mode_in_every_output(tmp_path, capsys):
+    """The user's path, end to end: DRIFT, 'not run' in both tables, the buffer in the panel and the JSON."""
+    out = tmp_path / "run"
+    code = main(["run", "--scenario", str(ROOT / "scenarios" / "s002-padded-drafter.yaml"), "--modes", "eager,full",
+                 "--backend", "emulated", "--inject", "query-start-loc-one-short", "--out", str(out)])
+    assert code == 1
+    text = capsys.readouterr().out
+    assert "not run" in text and "SHORT_BUFFER" in text and "before capture, draft_prefill, drafter" in text
+    summary = json.loads((out / "summary.json").read_text())
+    full = summary["modes"]["full"]
+    assert full["verdict"] == "drift" and full["num_output_tokens"] == 0 and full["forwards_by_runtime_mode"] == {}
+    [short] = full["short_buffers"]
+    assert (short["owner"], short["buffer"], short["capacity"], short["needed"]) == ("drafter", "query_start_loc",
+                                                                                     8, 9)
+    assert summary["diagnosis"]["kind"] == "SHORT_BUFFER" and summary["diagnosis"]["step"] is None
+    assert "**not run**" in (out / "report.md").read_text()
+    assert set(pd.read_parquet(out / "records.parquet")["mode"]) == {"eager"}, "a refused mode has no records"
