@@ -1,0 +1,109 @@
+"""The per-token ops of a decoder layer as torch custom ops: one op, one kernel on CUDA.
+
+Each op's default implementation is transformers' own math, op for op (so on
+the CPU a layer computes exactly what `LlamaDecoderLayer` computes); where
+triton is importable the CUDA implementation is one Triton kernel
+(`triton_pointwise`). Being custom ops, they reach a TorchDispatchMode as one
+call with their inputs and fresh outputs, on both backends alike: the
+emulated graph records and replays the op, the CUDA read tracer sees what the
+kernel reads, and both graph pools place the same outputs (the default
+implementation's temporaries, which no CUDA kernel would allocate, stay below
+the dispatch mode).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # transformers' LlamaRMSNorm.forward
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(dtype)
+
+
+@torch.library.custom_op("parity::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [T, h]."""
+    return _torch_rms_norm(x, weight, eps)
+
+
+@torch.library.custom_op("parity::add_rms_norm", mutates_args=())
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(residual + x), residual + x): a layer's residual add and the norm after it."""
+    total = residual + x
+    return _torch_rms_norm(total, weight, eps), total
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # transformers' apply_rotary_pos_emb, for one of q and k
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
+@torch.library.custom_op("parity::rope", mutates_args=())
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] rotated by cos/sin [T, D]; q and k go in as one [T, H + KVH, D]."""
+    return _torch_rope(x, cos, sin)
+
+
+def _torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # LlamaMLP's act_fn(gate) * up, gate and up side by side in x [T, 2I]
+    width = x.shape[-1] // 2
+    return torch.nn.functional.silu(x[:, :width]) * x[:, width:]
+
+
+@torch.library.custom_op("parity::silu_and_mul", mutates_args=())
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for x [T, 2I] = [gate | up] (the fused gate_up projection's output)."""
+    return _torch_silu_and_mul(x)
+
+
+if _HAS_TRITON:
+    @rms_norm.register_kernel("cuda")
+    def _(x, weight, eps):
+        if not x.is_contiguous():
+            return _torch_rms_norm(x, weight, eps)
+        from parity.models import triton_pointwise
+        return triton_pointwise.rms_norm(x, None, weight, eps)[0]
+
+    @add_rms_norm.register_kernel("cuda")
+    def _(x, residual, weight, eps):
+        if not (x.is_contiguous() and residual.is_contiguous()):
+            total = residual + x
+            return _torch_rms_norm(total, weight, eps), total
+        from parity.models import triton_pointwise
+        return triton_pointwise.rms_norm(x, residual, weight, eps)
+
+    @rope.register_kernel("cuda")
+    def _(x, cos, sin):
+        head_dim = x.shape[-1]
+        if not (_is_pow2(head_dim // 2) and head_dim % 2 == 0 and x.stride(2) == 1 and x.stride(1) == head_dim
+                and cos.is_contiguous() and sin.is_contiguous()):
+            return _torch_rope(x, cos, sin)
+        from parity.models import triton_pointwise
+        return triton_pointwise.rope(x, cos, sin)
+
+    @silu_and_mul.register_kernel("cuda")
+    def _(x):
+        if not x.is_contiguous():
+            return _torch_silu_and_mul(x)
+        from parity.models import triton_pointwise
+        return triton_pointwise.silu_and_mul(x)
