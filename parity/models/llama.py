@@ -1,9 +1,10 @@
 """The target model: transformers' Llama modules driven over the paged cache.
 
-We call the embedding, rotary embedding, decoder layers and final norm of a
+We run the embedding, rotary embedding, decoder layers and final norm of a
 `LlamaForCausalLM` ourselves instead of `LlamaModel.forward`: that skips mask
-creation (a host sync) and any cache object, and passes the attention metadata
-to every layer so `paged_attention` can read it.
+creation (a host sync) and any cache object, passes the attention metadata
+to every layer so `paged_attention` can read it, and runs each layer in the
+fused ops of `decoder_layer` (transformers' math, fewer kernels).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from parity.models import fused_ops
+from parity.models.decoder_layer import layer_body, norm_input
+from parity.models.fused_weights import fuse_projections
 from parity.models.paged_attention import ATTN_IMPLEMENTATION, one_forward
 
 
@@ -35,6 +39,13 @@ class TargetModel(nn.Module):
         self.hf = hf_model
         self.config = hf_model.config
         self.aux_layers = tuple(aux_layers)
+        fuse_projections(self.decoder_layers())
+
+    def _apply(self, fn, recurse=True):
+        # A move (.to, .cuda, a cast) gives every parameter its own new tensor: fuse them again.
+        super()._apply(fn, recurse)
+        fuse_projections(self.decoder_layers())
+        return self
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -46,21 +57,23 @@ class TargetModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor | None]:
         model = self.hf.model
-        hidden = model.embed_tokens(input_ids).unsqueeze(0)
-        position_ids = positions.unsqueeze(0)
-        rope = model.rotary_emb(hidden, position_ids=position_ids)
+        hidden = model.embed_tokens(input_ids)
+        cos, sin = model.rotary_emb(hidden.unsqueeze(0), position_ids=positions.unsqueeze(0))
+        cos, sin = cos[0], sin[0]
         aux = {}
         num_layers = self.config.num_hidden_layers
+        residual = None
         with one_forward():
             for idx, layer in enumerate(model.layers[:num_layers]):
+                normed, residual = norm_input(layer, hidden, residual)
                 if idx in self.aux_layers:
-                    aux[idx] = hidden[0]
-                hidden = layer(hidden, attention_mask=None, position_ids=position_ids,
-                               position_embeddings=rope, paged=meta)
+                    aux[idx] = residual     # the layer's input
+                hidden, residual = layer_body(layer, normed, residual, cos, sin, meta)
+        norm = model.norm
+        hidden, residual = fused_ops.add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon)
         if num_layers in self.aux_layers:
             # Id N: the output of the last layer, before the final norm.
-            aux[num_layers] = hidden[0]
-        hidden = model.norm(hidden)[0]
+            aux[num_layers] = residual
         aux_hidden = torch.cat([aux[i] for i in self.aux_layers], dim=-1) if aux else None
         return hidden, aux_hidden
 

@@ -1,0 +1,64 @@
+"""A Llama decoder layer over the paged cache, in the fused ops of `fused_ops`.
+
+The same weights and the same math as transformers' `LlamaDecoderLayer`
+(on the CPU bit for bit), in the order inference engines run it: q/k/v
+and gate/up are one GEMM each (`fused_weights`), RoPE rotates q and k in
+one op, and the residual add of one layer is fused with the norm of the
+next (`add_rms_norm`), so a layer hands on (its output, the residual) and
+the caller adds them when it needs the hidden state itself. On CUDA a
+layer is then about 13 kernels (its four weight GEMMs among them) where
+transformers' modules launch about 60.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward
+
+from parity.models import fused_ops
+from parity.models.fused_weights import GATE_UP, QKV, fused
+
+
+def norm_input(layer: LlamaDecoderLayer, hidden: torch.Tensor,
+               residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_layernorm(x), x) where x = residual + hidden, the layer's input [T, h]."""
+    norm = layer.input_layernorm
+    if residual is None:
+        return fused_ops.rms_norm(hidden, norm.weight, norm.variance_epsilon), hidden
+    return fused_ops.add_rms_norm(hidden, residual, norm.weight, norm.variance_epsilon)
+
+
+def layer_body(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention and MLP of one layer on its normed input: (mlp output, residual); their sum is the layer's output."""
+    attn_out = _attention(layer.self_attn, normed, cos, sin, meta)
+    post = layer.post_attention_layernorm
+    normed, residual = fused_ops.add_rms_norm(attn_out, residual, post.weight, post.variance_epsilon)
+    return _mlp(layer.mlp, normed), residual
+
+
+def _attention(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta) -> torch.Tensor:
+    tokens, head_dim = x.shape[0], attn.head_dim
+    heads, kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
+    qkv = F.linear(x, *fused(attn, QKV)).view(tokens, heads + 2 * kv_heads, head_dim)
+    # RoPE on q and k at once; v stays a view of the projection's output.
+    qk = fused_ops.rope(qkv[:, :heads + kv_heads], cos, sin)
+    q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+    # The attention the config names (`paged_attention` once the model is paged; without
+    # metadata, e.g. sdpa over one causal sequence), in transformers' interface: it takes
+    # [1, heads, T, D] (views here, no copies).
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager_attention_forward)
+    extra = {"paged": meta} if meta is not None else {}
+    out, _ = interface(attn, q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                       v.transpose(0, 1).unsqueeze(0), None, dropout=0.0, scaling=attn.scaling, **extra)
+    return attn.o_proj(out.reshape(tokens, -1))
+
+
+def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+    gate_up = F.linear(x, *fused(mlp, GATE_UP))
+    if mlp.config.hidden_act == "silu":
+        return mlp.down_proj(fused_ops.silu_and_mul(gate_up))
+    gate, up = gate_up.chunk(2, dim=-1)
+    return mlp.down_proj(mlp.act_fn(gate) * up)

@@ -1,0 +1,69 @@
+"""The target's fused decoder layers compute transformers' Llama, bit for bit on the CPU.
+
+`TargetModel` runs its layers through `decoder_layer` (q/k/v and gate/up
+as one GEMM each, RoPE and SiLU-and-mul as one op, the residual add fused
+with the next norm); the engine's every mode depends on that being the
+model the checkpoint describes. Here the same weights go through
+transformers' own `LlamaModel.forward` (sdpa, one causal sequence) and
+through the fused layers (the same sdpa): the hidden states must be equal
+bit for bit. And fused weights can never go stale.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from parity.models.fused_weights import fused
+from parity.models.llama import build_target
+from parity.training.train import attention_implementation
+
+
+def _config(**extra) -> LlamaConfig:
+    return LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                       **extra)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("extra", [{}, {"attention_bias": True, "mlp_bias": True}], ids=["plain", "biases"])
+def test_fused_layers_equal_transformers_bit_for_bit(dtype, extra):
+    torch.manual_seed(0)
+    target = build_target(_config(**extra), aux_layers=(0, 2, 3)).to(dtype)
+    if extra:
+        for name, p in target.named_parameters():
+            if name.endswith(".bias"):
+                p.data.normal_()
+    ids = torch.randint(0, 97, (11,))
+    with torch.no_grad(), attention_implementation("sdpa", target.config):
+        hidden, aux = target(ids, torch.arange(11), None)
+        states = target.hf.model(input_ids=ids.unsqueeze(0), output_hidden_states=True)
+    h = target.config.hidden_size
+    assert torch.equal(hidden, states.last_hidden_state[0])
+    # Aux features: the inputs of layers 0 and 2, and (id N) the last layer's output before the norm.
+    assert torch.equal(aux[:, :h], states.hidden_states[0][0])
+    assert torch.equal(aux[:, h:2 * h], states.hidden_states[2][0])
+    assert torch.equal(target.hf.model.norm(aux[:, 2 * h:]), hidden)
+
+
+def test_projections_are_views_of_the_fused_weight_and_a_move_fuses_again():
+    target = build_target(_config())
+    attn = target.decoder_layers()[1].self_attn
+    weight, _ = fused(attn, ("q_proj", "k_proj", "v_proj"))
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+    with torch.no_grad():
+        attn.k_proj.weight[0, 0] = 7.0      # writes through to the fused weight
+    assert weight[attn.q_proj.weight.shape[0], 0] == 7.0
+    target.to(torch.float64)
+    weight, _ = fused(attn, ("q_proj", "k_proj", "v_proj"))
+    assert weight.dtype == torch.float64 and weight[attn.q_proj.weight.shape[0], 0] == 7.0
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+
+
+def test_a_reassigned_projection_is_refused_not_silently_stale():
+    target = build_target(_config())
+    mlp = target.decoder_layers()[0].mlp
+    mlp.up_proj.weight = torch.nn.Parameter(torch.zeros_like(mlp.up_proj.weight))
+    with pytest.raises(RuntimeError, match="changed after they were fused"):
+        fused(mlp, ("gate_proj", "up_proj"))
