@@ -13,7 +13,7 @@ with no host sync.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +37,10 @@ class TilePlan:
     @property
     def num_slots(self) -> int:
         return self.num_tiles * self.tile_len
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(n for _, n in self.chunks)
 
 
 def plan_tiles(num_tokens: int, num_rows: int, heads: int, kv_heads: int, head_dim: int,
@@ -135,60 +139,36 @@ class ForwardLayout:
     """The layer-invariant half of attention: computed once per forward, read by every layer.
 
     Every layer of a forward reads the same metadata, so where the tokens sit
-    in the tiles, which KV blocks each chunk gathers and which keys each slot
+    in the tiles, which KV blocks each tile gathers and which keys each slot
     may see are the same for all of them (about 30 kernels a layer when each
-    layer recomputed them). `masks` keeps a one-chunk plan's mask per window
-    flag (see `chunk_masks`); `stage` is the fp32 staging of one chunk,
-    allocated by the first layer that attends and reused by the rest (layers
-    run one at a time).
+    layer recomputed them). `lo` is computed by the first window layer.
     """
 
     slot_tokens: torch.Tensor           # [slots] token each slot gathers (idle ones clamped into [0, T))
     target: torch.Tensor                # [slots] output row of each slot: its token, or T (dropped) when idle
-    blocks: tuple[torch.Tensor, ...]    # per chunk: [tiles * blocks] KV blocks each tile gathers
-    hi: torch.Tensor                    # [tiles, 1, tile_len, 1] last key position each slot may see
-    masks: dict = field(default_factory=dict)   # window flag -> a one-chunk plan's [tiles, 1, tile_len, keys] mask
-    stage: torch.Tensor | None = None
+    blocks: torch.Tensor                # [tiles, plan.num_blocks] KV blocks each tile gathers, in order
+    hi: torch.Tensor                    # [tiles, tile_len] last key position each slot may see
+    lo: torch.Tensor | None = None      # [tiles, tile_len] first key position each slot may see on window layers
 
 
 def forward_layout(meta, plan: TilePlan) -> ForwardLayout:
-    """Tiles, per-chunk block indices and the causal bound of `meta`'s batch, on the device."""
+    """Tiles, block indices and the causal bound of `meta`'s batch, on the device."""
     tiles = tile_map(meta, plan)
     slot_tokens = tiles.token.flatten()
     target = tiles.token.masked_fill(tiles.idle, plan.num_tokens).flatten()
     # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
     seq_len = meta.seq_lens.index_select(0, tiles.tile_row).unsqueeze(1)
     positions = meta.positions.index_select(0, slot_tokens).view(plan.num_tiles, plan.tile_len)
-    hi = torch.minimum(positions, seq_len - 1).view(plan.num_tiles, 1, plan.tile_len, 1)
-    blocks = tuple(meta.block_table[:, first:first + n].index_select(0, tiles.tile_row).view(-1)
-                   for first, n in plan.chunks)
+    hi = torch.minimum(positions, seq_len - 1)
+    blocks = meta.block_table[:, :plan.num_blocks].index_select(0, tiles.tile_row)
     return ForwardLayout(slot_tokens, target, blocks, hi)
 
 
-def chunk_masks(layout: ForwardLayout, meta, plan: TilePlan, window: bool) -> tuple[torch.Tensor, ...]:
-    """Per chunk, the keys each slot must not see: past its bound, and before its window start on window layers.
-
-    Idle slots need no mask: whatever they compute goes to the dropped row.
-    The masks of a one-chunk plan are kept for the forward's other layers; a
-    plan of several chunks recomputes them per layer, so that what stays alive
-    across layers does not grow with max_model_len.
-    """
-    if window in layout.masks:
-        return layout.masks[window]
-    lo = None
-    if window:
-        lo = meta.window_starts().index_select(0, layout.slot_tokens).view(plan.num_tiles, 1, plan.tile_len, 1)
-    masks = []
-    for first, n in plan.chunks:
-        start = first * meta.block_size
-        j = torch.arange(start, start + n * meta.block_size, device=layout.hi.device)
-        masked = j > layout.hi
-        if lo is not None:
-            masked |= j < lo
-        masks.append(masked)
-    if len(plan.chunks) == 1:
-        layout.masks[window] = tuple(masks)
-    return tuple(masks)
+def window_lo(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
+    """The window start of every slot ([tiles, tile_len]), computed once per forward."""
+    if layout.lo is None:
+        layout.lo = meta.window_starts().index_select(0, layout.slot_tokens).view(plan.num_tiles, plan.tile_len)
+    return layout.lo
 
 
 def transient_bytes(plan: TilePlan, heads: int, head_dim: int, itemsize: int, block_size: int) -> int:
@@ -197,10 +177,10 @@ def transient_bytes(plan: TilePlan, heads: int, head_dim: int, itemsize: int, bl
     The working set of its longest context chunk (`bytes_per_key` per key
     position), the per-slot state (q gathered in the query dtype and in fp32,
     the fp32 accumulator of D + 4, the result in the query dtype) and the
-    output [T + 1, H, D]: an upper bound, whatever max_model_len is. What the
-    forward's layout keeps across layers (`ForwardLayout`: the staging, counted
-    in the chunk's working set; a one-chunk plan's masks, counted with it, for
-    two window flags) adds nothing that grows with max_model_len.
+    output [T + 1, H, D]: an upper bound, whatever max_model_len is, and the
+    torch implementation's; the Triton kernel allocates the output only. What
+    the forward's layout keeps across layers (`ForwardLayout`) is a few ints
+    per slot and per block.
     """
     longest = max(n for _, n in plan.chunks) * block_size
     per_slot = plan.num_slots * heads * (2 * head_dim * itemsize + (2 * head_dim + 4) * 4)

@@ -34,11 +34,18 @@ the context: q and the accumulator in fp32, NT * Tq * H * (2D + 4) * 4 bytes,
 and the output. Nothing is sized by max_model_len except the number of chunks.
 
 One forward, many layers: every layer reads the same metadata, so the
-layer-invariant half (where tokens sit in tiles, each chunk's block indices,
-the causal bound, a one-chunk plan's mask, the fp32 staging) is computed by
-the first attention call of a forward and shared (`one_forward`,
-`attention_tiles.ForwardLayout`); at 8B that took a verify forward from 3,124
-kernels to 2,067.
+layer-invariant half (where tokens sit in tiles, each tile's block indices,
+the causal and window bounds) is computed by the first attention call of a
+forward and shared (`one_forward`, `attention_tiles.ForwardLayout`); at 8B
+that took a verify forward from 3,124 kernels to 2,067.
+
+One op per layer: the attention proper (q gathered into tiles, the chunk
+loop, the output scattered back) is the custom op `parity::paged_attend`.
+On the CPU it is the torch code below; on CUDA the Triton kernel of
+`triton_attention`, which reads only the keys a tile may see, stages nothing
+and launches once. The metadata is read, and the cache written, here in
+torch on both: a fault in how metadata becomes tiles, bounds or slots
+reaches either kernel the same way.
 
 Numerics: scores, softmax and P.V in fp32 on chunk-sized pieces, output cast
 to the query dtype once. Deterministic: no atomics; the only duplicate indices
@@ -49,11 +56,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 
 import torch
 from transformers import AttentionInterface
 
-from parity.models.attention_tiles import ForwardLayout, TilePlan, chunk_masks, forward_layout, plan_tiles
+from parity.models.attention_tiles import ForwardLayout, TilePlan, forward_layout, plan_tiles, window_lo
 
 ATTN_IMPLEMENTATION = "parity_paged"
 
@@ -129,7 +137,6 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     k_cache, v_cache = kv.keys[layer], kv.values[layer]
     _, heads, num_tokens, head_dim = query.shape
     kv_heads = key.shape[1]
-    groups = heads // kv_heads
     if scaling is None:
         scaling = head_dim ** -0.5
     write_kv(k_cache, v_cache, meta.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
@@ -137,35 +144,9 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     plan = plan_tiles(num_tokens, meta.seq_lens.shape[0], heads, kv_heads, head_dim, k_cache.element_size(),
                       meta.block_size, meta.max_model_len, meta.block_table.shape[1])
     layout = _layout(meta, plan)
-    num_tiles, tile_len = plan.num_tiles, plan.tile_len
-    batch, rows_per_tile = kv_heads * num_tiles, groups * tile_len
-
-    # NOTE: gathers and scatters here are index_select / index_copy_, not advanced
-    # indexing with broadcast index tensors: CUDA's index kernel then takes a small
-    # temporary from the caching allocator (inside a capture, from the graph pool),
-    # which the emulated pools would have to guess (measured on an H100: 448 B per
-    # layer). These ops allocate their outputs only, on both backends.
-    # q of every slot, laid out [KVH, tiles, G, tile_len, D]: one GEMM batch per (KV head, tile).
-    # Gathered along tokens, the outermost dim of q's memory ([T, H, D] as the projection wrote it):
-    # whole rows, not a strided gather; the layout change happens in the fp32 copy.
-    gathered = query[0].transpose(0, 1).index_select(0, layout.slot_tokens)    # [slots, H, D]
-    q = query.new_empty((kv_heads, num_tiles, groups, tile_len, head_dim), dtype=torch.float32)
-    q.copy_(gathered.view(num_tiles, tile_len, kv_heads, groups, head_dim).permute(2, 0, 3, 1, 4))   # one copy
-    q = q.view(batch, rows_per_tile, head_dim).mul_(scaling)
-
-    masks = chunk_masks(layout, meta, plan, bool(meta.window_for_layer(layer)))
-    acc = _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads, groups)
-
-    # The max key of a row contributes exp(0) = 1, so the sum is >= 1 wherever a
-    # key was valid and exactly 0 where none was (acc is 0 there too): the clamp
-    # turns 0/0 into 0 and changes nothing else. The division computes in fp32
-    # and writes the query dtype directly, rounding once.
-    values = query.new_empty((batch, rows_per_tile, head_dim))
-    torch.div(acc[:, :, :head_dim], acc[:, :, head_dim:head_dim + 1].clamp_min_(1.0), out=values)
-    values = values.view(kv_heads, num_tiles, groups, tile_len, head_dim).permute(1, 3, 0, 2, 4)
-    out = query.new_zeros((num_tokens + 1, kv_heads, groups, head_dim))
-    # Idle slots write to the extra row num_tokens, dropped below.
-    out.index_copy_(0, layout.target, values.reshape(num_tiles * tile_len, kv_heads, groups, head_dim))
+    lo = window_lo(layout, meta, plan) if meta.window_for_layer(layer) else None
+    out = paged_attend(query[0].transpose(0, 1), k_cache, v_cache, layout.slot_tokens, layout.target,
+                       layout.blocks, layout.hi, lo, scaling, plan.tile_len, plan.chunks[0][1], meta.block_size)
     return out[:num_tokens].view(1, num_tokens, heads, head_dim)
 
 
@@ -180,11 +161,59 @@ def _layout(meta, plan: TilePlan) -> ForwardLayout:
     return shared[key][1]
 
 
-def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, groups: int) -> torch.Tensor:
+@torch.library.custom_op("parity::paged_attend", mutates_args=())
+def paged_attend(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_tokens: torch.Tensor,
+                 target: torch.Tensor, blocks: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor | None,
+                 scaling: float, tile_len: int, chunk_blocks: int, block_size: int) -> torch.Tensor:
+    """Attention of query [T, H, D] over the tiles' contexts: [T + 1, H, D], row T and padded tokens zero.
+
+    One op (see `fused_ops` for why a custom op): the torch implementation
+    below on the CPU, the Triton kernel of `triton_attention` on CUDA.
+    """
+    return torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling, tile_len,
+                              chunk_blocks, block_size)
+
+
+def torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling: float, tile_len: int,
+                       chunk_blocks: int, block_size: int) -> torch.Tensor:
+    """`paged_attend` in torch ops: the context in chunks of `chunk_blocks` blocks with an online softmax."""
+    num_tokens, heads, head_dim = query.shape
+    kv_heads = k_cache.shape[1]
+    groups = heads // kv_heads
+    num_tiles = blocks.shape[0]
+    batch, rows_per_tile = kv_heads * num_tiles, groups * tile_len
+
+    # NOTE: gathers and scatters here are index_select / index_copy_, not advanced
+    # indexing with broadcast index tensors: CUDA's index kernel takes a small
+    # temporary from the caching allocator, which a CUDA graph pool would hold.
+    # q of every slot, laid out [KVH, tiles, G, tile_len, D]: one GEMM batch per (KV head, tile).
+    # Gathered along tokens, the outermost dim of q's memory ([T, H, D] as the projection wrote it):
+    # whole rows, not a strided gather; the layout change happens in the fp32 copy.
+    gathered = query.index_select(0, slot_tokens)    # [slots, H, D]
+    q = query.new_empty((kv_heads, num_tiles, groups, tile_len, head_dim), dtype=torch.float32)
+    q.copy_(gathered.view(num_tiles, tile_len, kv_heads, groups, head_dim).permute(2, 0, 3, 1, 4))   # one copy
+    q = q.view(batch, rows_per_tile, head_dim).mul_(scaling)
+
+    acc = _attend(q, k_cache, v_cache, blocks, hi, lo, tile_len, chunk_blocks, block_size, kv_heads, groups)
+
+    # The max key of a row contributes exp(0) = 1, so the sum is >= 1 wherever a
+    # key was valid and exactly 0 where none was (acc is 0 there too): the clamp
+    # turns 0/0 into 0 and changes nothing else. The division computes in fp32
+    # and writes the query dtype directly, rounding once.
+    values = query.new_empty((batch, rows_per_tile, head_dim))
+    torch.div(acc[:, :, :head_dim], acc[:, :, head_dim:head_dim + 1].clamp_min_(1.0), out=values)
+    values = values.view(kv_heads, num_tiles, groups, tile_len, head_dim).permute(1, 3, 0, 2, 4)
+    out = query.new_zeros((num_tokens + 1, kv_heads, groups, head_dim))
+    # Idle slots write to the extra row num_tokens.
+    out.index_copy_(0, target, values.reshape(num_tiles * tile_len, kv_heads, groups, head_dim))
+    return out.view(num_tokens + 1, heads, head_dim)
+
+
+def _attend(q, k_cache, v_cache, blocks, hi, lo, tile_len: int, chunk_blocks: int, block_size: int,
+            kv_heads: int, groups: int) -> torch.Tensor:
     """Online softmax over the context chunks: [KVH * tiles, G * tile_len, D + 4] (P.V | softmax sum)."""
     batch, _, head_dim = q.shape
-    num_tiles, tile_len = plan.num_tiles, plan.tile_len
-    block_size = meta.block_size
+    num_tiles, num_blocks = blocks.shape
     # [num_blocks, block_size, KVH, D] views: a chunk is one index_select of whole blocks, each
     # contiguous in memory (measured at 8B, batch 32: a gather along a strided dim took 5x longer).
     k_blocks = k_cache[:-1].unflatten(0, (-1, block_size))
@@ -192,17 +221,24 @@ def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, group
     # fp32 staging of one chunk, K then V: [K or V | 1 1 1 1]. P.[V | 1] accumulates the
     # softmax sum in the output's GEMM and rescale (no sum, mul, add per chunk); rows of
     # D + 4 floats keep the GEMM operands 16-byte aligned.
-    if layout.stage is None:    # the forward's first layer; every layer has the same heads and plan
-        longest = max(n for _, n in plan.chunks) * block_size
-        layout.stage = torch.empty(batch, longest, head_dim + 4, dtype=torch.float32, device=q.device)
-        layout.stage[:, :, head_dim:].fill_(1.0)
-    stage = layout.stage
+    stage = torch.empty(batch, min(chunk_blocks, num_blocks) * block_size, head_dim + 4, dtype=torch.float32,
+                        device=q.device)
+    stage[:, :, head_dim:].fill_(1.0)
+    bound = hi.view(num_tiles, 1, tile_len, 1)
+    start = lo.view(num_tiles, 1, tile_len, 1) if lo is not None else None
     run_max = acc = None
-    for (_, num_blocks), blocks, masked in zip(plan.chunks, layout.blocks, masks):
-        chunk = num_blocks * block_size
+    for first in range(0, num_blocks, chunk_blocks):
+        n = min(chunk_blocks, num_blocks - first)
+        chunk = n * block_size
+        chunk_ids = blocks[:, first:first + n].reshape(-1)
+        # The keys each slot must not see: past its bound, before its window start.
+        j = torch.arange(first * block_size, first * block_size + chunk, device=q.device)
+        masked = j > bound
+        if start is not None:
+            masked |= j < start
         staged = stage[:, :chunk]
         kv_part = staged[:, :, :head_dim]
-        _stage(kv_part, k_blocks, blocks, kv_heads, num_tiles)
+        _stage(kv_part, k_blocks, chunk_ids, kv_heads, num_tiles)
         scores = torch.bmm(q, kv_part.transpose(1, 2))     # [KVH * tiles, G * tile_len, chunk]
         scores.view(kv_heads, num_tiles, groups, tile_len, chunk).masked_fill_(masked, float("-inf"))
         chunk_max = scores.amax(dim=-1, keepdim=True)
@@ -212,7 +248,7 @@ def _attend(q, masks, meta, plan, layout, k_cache, v_cache, kv_heads: int, group
             new_max = torch.maximum(run_max, chunk_max)
             rescale = run_max.sub_(new_max).exp_()
         probs = scores.sub_(new_max).exp_()
-        _stage(kv_part, v_blocks, blocks, kv_heads, num_tiles)
+        _stage(kv_part, v_blocks, chunk_ids, kv_heads, num_tiles)
         if acc is None:
             acc = torch.bmm(probs, staged)                  # [KVH * tiles, G * tile_len, D + 4]
         else:
@@ -230,6 +266,18 @@ def _stage(kv_part: torch.Tensor, cache_blocks: torch.Tensor, blocks: torch.Tens
     chunk, head_dim = kv_part.shape[1], kv_part.shape[2]
     gathered = cache_blocks.index_select(0, blocks).view(num_tiles, chunk, kv_heads, head_dim)
     kv_part.unflatten(0, (kv_heads, num_tiles)).copy_(gathered.permute(2, 0, 1, 3))
+
+
+if importlib.util.find_spec("triton") is not None:
+    @paged_attend.register_kernel("cuda")
+    def _(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling, tile_len, chunk_blocks,
+          block_size):
+        from parity.models import triton_attention
+        if not triton_attention.supports(query, k_cache):
+            return torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling,
+                                      tile_len, chunk_blocks, block_size)
+        return triton_attention.paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo,
+                                             scaling, tile_len, block_size)
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
