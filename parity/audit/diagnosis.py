@@ -15,14 +15,15 @@ KINDS = ("STALE_BUFFER", "BUFFER_REASSIGNED", "FROZEN_AT_CAPTURE", "PADDING_LEAK
 
 DIAGNOSIS_KEYS = ("kind", "buffers", "mode", "owner", "step", "phase", "draft_step", "forward_index", "rows",
                   "graph", "captured_address", "live_address", "evidence", "replays", "max_abs_diff", "timing",
-                  "experiment", "ruled_out")
+                  "experiment", "ruled_out", "also")
 
 
 def make_diagnosis(kind: str, buffers, *, owner: str, replay: int, graph: dict | None = None, rows=(),
                    captured_address: int | None = None, live_address: int | None = None, evidence=(),
                    replays: int = 0, max_abs_diff: float | None = None, timing: dict | None = None,
-                   experiment: str | None = None, ruled_out=(), phase: str = "replay") -> dict:
-    """A diagnosis dict with every key of `parity bisect --json`, plus `experiment` and `ruled_out`.
+                   experiment: str | None = None, ruled_out=(), also=(), phase: str = "replay") -> dict:
+    """A diagnosis dict with the keys of `parity bisect --json`: the one-variable experiment that restored
+    parity, those that did not (`ruled_out`) and the less specific ones that restored it too (`also`).
 
     `owner` is the audit's name, `replay` the 1-based replay of that graph at
     which the audit found the problem (reported as `step` and `forward_index`),
@@ -34,7 +35,7 @@ def make_diagnosis(kind: str, buffers, *, owner: str, replay: int, graph: dict |
             "phase": phase, "draft_step": None, "forward_index": replay, "rows": list(rows), "graph": graph,
             "captured_address": captured_address, "live_address": live_address, "evidence": list(evidence),
             "replays": replays, "max_abs_diff": max_abs_diff, "timing": timing, "experiment": experiment,
-            "ruled_out": list(ruled_out)}
+            "ruled_out": list(ruled_out), "also": list(also)}
 
 
 class GraphParityError(AssertionError):

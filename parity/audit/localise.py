@@ -2,8 +2,8 @@
 
 Runs the experiments of `experiments.py` and picks the diagnosis: the most
 specific experiment that restores parity (a single buffer copied, then a
-single host value re-captured); when several do, the others are named in the
-evidence; then all copies together; then the control re-capture
+single host value re-captured); when several do, the others are named in
+`also`; then all copies together; then the control re-capture
 (CAPTURE_CONTEXT); when none restores parity, UNEXPLAINED with everything
 that was ruled out.
 """
@@ -41,7 +41,6 @@ def run_experiments(lab: Lab, rebinds: list[Rebind]) -> tuple[Experiment | None,
     restoring = [e for e in run if e.restores]
     if restoring:
         best = restoring[0]
-        best.evidence += [f"also restores parity alone: {e.description}" for e in restoring[1:]]
         if control.restores:
             best.evidence.append("a re-capture with every host value as captured restores parity too, as it "
                                  "must when the graph reads a tensor the live objects no longer hold")
@@ -69,6 +68,8 @@ def localise(lab: Lab, mismatch: Mismatch, rebinds: list[Rebind], started: float
     began = time.perf_counter()
     best, run, notes = run_experiments(lab, rebinds)
     ruled_out = [e.description for e in run if e is not best and not e.restores]
+    # Other single experiments that restore parity too, less specific than the first (the order tried).
+    also = [e.description for e in run if e is not best and e.restores]
     evidence = [f"replay {lab.audit.replays}: {mismatch.describe()} between the graph and the callable run eagerly "
                 "on the same live inputs"]
     if best is None:
@@ -86,4 +87,5 @@ def localise(lab: Lab, mismatch: Mismatch, rebinds: list[Rebind], started: float
     return lab.audit._diagnosis(kind, buffers, rows=mismatch.rows, max_abs_diff=mismatch.max_abs_diff,
                                 captured_address=best.captured_address if best else None,
                                 live_address=best.live_address if best else None, evidence=evidence,
-                                replays=lab.replays, timing=timing, experiment=experiment, ruled_out=ruled_out)
+                                replays=lab.replays, timing=timing, experiment=experiment, ruled_out=ruled_out,
+                                also=also)

@@ -56,6 +56,8 @@ def diagnosis_panel(d: dict) -> Panel:
         grid.add_row("max |diff|", f"{d['max_abs_diff']:.4g}")
     if d.get("experiment"):
         grid.add_row("isolated by", d["experiment"])
+    for i, line in enumerate(d.get("also") or []):
+        grid.add_row("also" if i == 0 else "", line)
     for i, line in enumerate(d.get("evidence") or []):
         grid.add_row("evidence" if i == 0 else "", line)
     ruled_out = d.get("ruled_out") or []
