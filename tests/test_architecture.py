@@ -130,7 +130,8 @@ def test_no_import_cycle(graph):
 def test_top_level_holds_only_the_entry_points():
     names = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
     files = {n for n in names if (PACKAGE / n).is_file()}
-    assert files == {"__init__.py", "__main__.py", "cli.py", "errors.py"}
+    # py.typed: the marker that lets other projects' type checkers read parity.audit's annotations.
+    assert files == {"__init__.py", "__main__.py", "cli.py", "errors.py", "py.typed"}
 
 
 @pytest.mark.parametrize("room_name", CLEAN_ROOMS)
@@ -187,3 +188,17 @@ def test_files_and_functions_stay_small():
                 too_long.append(f"{path.relative_to(ROOT)}:{fn.lineno} {fn.name}: {length} lines")
     assert not too_long, "\n".join(too_long)
     assert len((PACKAGE / "cli.py").read_text().splitlines()) < 120
+
+
+def test_facts_named_again_across_a_layer_boundary_agree():
+    """Where a layer may not import the room that owns a fact, it names it again: the two must agree."""
+    from parity.analysis import compare, kinds
+    from parity.audit import diagnosis as audit_diagnosis
+    from parity.graphs import modes
+    from parity.report.modes import LOOK
+
+    assert tuple(LOOK) == modes.MODES                       # renderers show every mode, in order
+    assert compare.EAGER == modes.EAGER
+    # The audit (importable without the harness) spells the shared bug classes as the harness does;
+    # NOT_REFRESHED is its own (an input never written since capture).
+    assert set(audit_diagnosis.KINDS) - {"NOT_REFRESHED"} <= set(kinds.EXPLAIN)

@@ -7,10 +7,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from parity.report.modes import SHORT
 from parity.report.threeway import flips_cell, logprob_cell, numerics_lines, reference_cell, verdict_words
 
-SHORT = {"eager": "eager", "piecewise": "piecewise", "full": "full", "full_decode_only": "full_dec",
-         "full_and_piecewise": "full+pw"}
 
 
 VERDICT_CELL = {"pass": "PASS", "drift": "DRIFT", "not_exercised": "IDLE"}

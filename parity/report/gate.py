@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from parity.report.console import SHORT
+from parity.report.modes import SHORT
 from parity.report.markdown import cell, code_span, render_markdown
 
 PARITY_KINDS = ("reference",)

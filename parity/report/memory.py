@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from parity.report.modes import SHORT
+
 ROWS = (("weights", "weights"), ("kv_cache_bytes", "KV cache"), ("buffers_bytes", "buffers"),
         ("graphs_target_bytes", "pool: target"), ("graphs_drafter_bytes", "pool: drafter"),
         ("pieces_bytes", "pw pieces"), ("activations_bytes", "activations"),
         ("capture_state_bytes", "capture copy"), ("slack_bytes", "slack"), ("total_bytes", "total"))
-# Column names as the console's acceptance table shortens them.
-SHORT = {"eager": "eager", "piecewise": "piecewise", "full": "full", "full_decode_only": "full_dec",
-         "full_and_piecewise": "full+pw"}
 
 
 def human(num_bytes: int | float | None) -> str:

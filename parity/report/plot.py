@@ -11,9 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.report.atomic import atomic_file
-
-COLORS = {"eager": "#333333", "piecewise": "#1f77b4", "full": "#d62728", "full_decode_only": "#ff7f0e",
-          "full_and_piecewise": "#2ca02c"}
+from parity.report.modes import COLORS
 
 
 def _figure(summary: dict):

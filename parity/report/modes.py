@@ -1,0 +1,19 @@
+"""How the renderers show each graph mode: its short column name and its plot colour, one row per mode.
+
+The modes themselves are `parity.graphs.modes.MODES`; a renderer reads
+summaries, not graphs, so the table names them again, and
+tests/test_architecture.py checks that it names exactly those modes.
+"""
+
+from __future__ import annotations
+
+# mode -> (short name in tables, colour in plots)
+LOOK = {
+    "eager": ("eager", "#333333"),
+    "piecewise": ("piecewise", "#1f77b4"),
+    "full": ("full", "#d62728"),
+    "full_decode_only": ("full_dec", "#ff7f0e"),
+    "full_and_piecewise": ("full+pw", "#2ca02c"),
+}
+SHORT = {mode: short for mode, (short, _) in LOOK.items()}
+COLORS = {mode: color for mode, (_, color) in LOOK.items()}
