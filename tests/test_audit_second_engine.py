@@ -114,3 +114,16 @@ def test_every_sixteen_shadow_checks_replays_1_17_33(pair, monkeypatch):
     expected = sum((a.replays + 15) // 16 for a in session.audits)
     assert session.errors == [] and len(shadows) == expected
     assert any(a.replays > 16 for a in session.audits)
+
+
+def test_the_second_engine_shares_no_code_with_eagle_parity_but_the_audit():
+    # It stands for someone else's engine: what it finds, it finds through parity.audit alone.
+    import ast
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parent / "second_engine").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                assert not name.startswith("parity") or name.startswith("parity.audit"), f"{path.name}: {name}"
