@@ -51,3 +51,27 @@ def test_a_tiny_kernel_difference_is_a_drift_not_noise(tmp_path, monkeypatch):
     assert not full["reference"]["bitwise_equal"]
     assert full["reference"]["first_difference"]["field"] in ("logprob", "target_logprob")
     assert outcome.summary["diagnosis"]["kind"] == "UNEXPLAINED"
+
+
+def test_changed_target_logits_are_pool_alias_only_when_the_drafter_replay_alone_overwrites_them(monkeypatch):
+    """The POOL_ALIAS decision (the replay experiment itself runs in the fault matrix, shared-pool-alias)."""
+    from types import SimpleNamespace
+
+    from parity.diagnose import pool
+    from parity.diagnose.bisector import Bisector
+
+    bisector = SimpleNamespace(mode="full", replays=1)
+    bisector.diagnosis = lambda *a, **k: Bisector.diagnosis(bisector, *a, **k)
+    verify = SimpleNamespace(owner="target", step=3, phase="verify", draft_step=None, index=9)
+    drafter = SimpleNamespace(draft_step=0, dispatch=SimpleNamespace(phase="draft_prefill", runtime_mode="full",
+                                                                     num_tokens_padded=8))
+    unseen = pool.diagnose(bisector, None, verify, None, 2.5, None)
+    assert unseen.kind == "UNEXPLAINED" and any("no drafter replay" in e for e in unseen.evidence)
+    for overwrites, kind in ((False, "UNEXPLAINED"), (True, "POOL_ALIAS")):
+        monkeypatch.setattr(pool, "_overwrites_again", lambda *a, overwrites=overwrites: overwrites)
+        d = pool.diagnose(bisector, None, verify, drafter, 2.5, None)
+        assert d.kind == kind and d.max_abs_diff == 2.5
+        if overwrites:
+            assert d.buffers == ["logits"] and "draft_prefill full graph of 8 tokens alone" in d.experiment
+        else:
+            assert d.experiment is None and d.buffers == [] and "logits stay as restored" in d.ruled_out[0]
