@@ -42,6 +42,8 @@ def test_fault_is_found_where_it_shows_and_nowhere_else(matrix, name):
             assert verdict == "drift", f"{name} did not show in {mode}"
             assert diagnosis is not None and diagnosis["kind"] == fault.kind, (mode, diagnosis)
             assert set(fault.buffers) <= set(diagnosis["buffers"]), (mode, diagnosis["buffers"])
+            # Named only by an experiment that isolated it: the diagnosis says which.
+            assert diagnosis["experiment"], (mode, diagnosis["evidence"])
             assert diagnosis["phase"] is not None
             # A capacity shortfall is found before capture, at no step; every other kind at the step it showed.
             assert (diagnosis["step"] is None) == (fault.kind == "SHORT_BUFFER"), diagnosis
