@@ -55,6 +55,8 @@ def test_projections_are_views_of_the_fused_weight_and_a_move_fuses_again():
     with torch.no_grad():
         attn.k_proj.weight[0, 0] = 7.0      # writes through to the fused weight
     assert weight[attn.q_proj.weight.shape[0], 0] == 7.0
+    target.to(torch.float32)                # a move that moves nothing keeps the fused weight, uncopied
+    assert fused(attn, ("q_proj", "k_proj", "v_proj"))[0] is weight
     target.to(torch.float64)
     weight, _ = fused(attn, ("q_proj", "k_proj", "v_proj"))
     assert weight.dtype == torch.float64 and weight[attn.q_proj.weight.shape[0], 0] == 7.0

@@ -17,7 +17,8 @@ import importlib.util
 
 import torch
 
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
+# Whether the CUDA implementations are Triton kernels (this module's and `paged_attention`'s).
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def _is_pow2(n: int) -> bool:
@@ -43,6 +44,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(residual + x), residual + x): a layer's residual add and the norm after it."""
+    return _torch_add_rms_norm(x, residual, weight, eps)
+
+
+def _torch_add_rms_norm(x, residual, weight, eps):
     total = residual + x
     return _torch_rms_norm(total, weight, eps), total
 
@@ -76,7 +81,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _torch_silu_and_mul(x)
 
 
-if _HAS_TRITON:
+if HAS_TRITON:
     @rms_norm.register_kernel("cuda")
     def _(x, weight, eps):
         if not x.is_contiguous():
@@ -87,8 +92,7 @@ if _HAS_TRITON:
     @add_rms_norm.register_kernel("cuda")
     def _(x, residual, weight, eps):
         if not (x.is_contiguous() and residual.is_contiguous()):
-            total = residual + x
-            return _torch_rms_norm(total, weight, eps), total
+            return _torch_add_rms_norm(x, residual, weight, eps)
         from parity.models import triton_pointwise
         return triton_pointwise.rms_norm(x, residual, weight, eps)
 

@@ -27,7 +27,12 @@ _ATTR = "_parity_fused"
 
 
 def fuse(owner: nn.Module, names: tuple[str, ...]) -> None:
-    """Concatenate the weights (and biases) of `owner`'s linears `names`; rebind theirs as views."""
+    """Concatenate the weights (and biases) of `owner`'s linears `names`; rebind theirs as views.
+
+    Nothing to do when they still view the fused weight (a move that moved nothing).
+    """
+    if _still_fused(owner, names):
+        return
     linears = [getattr(owner, name) for name in names]
     weight = torch.cat([m.weight.detach() for m in linears])
     has_bias = linears[0].bias is not None
@@ -44,12 +49,25 @@ def fuse(owner: nn.Module, names: tuple[str, ...]) -> None:
 
 def fused(owner: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The fused (weight, bias) of `owner`, checked to still be what its linears hold."""
-    weight, bias = owner.__dict__.get(_ATTR, (None, None))
-    if weight is None or any(getattr(owner, name).weight.untyped_storage().data_ptr()
-                             != weight.untyped_storage().data_ptr() for name in names):
+    if not _still_fused(owner, names):
         raise RuntimeError(f"{type(owner).__name__}.{'/'.join(names)}: weights changed after they were fused; "
                            "call fuse_projections() again")
-    return weight, bias
+    return owner.__dict__[_ATTR]
+
+
+def _still_fused(owner: nn.Module, names: tuple[str, ...]) -> bool:
+    """Every linear's weight (and bias) is a view of the owner's fused one."""
+    weight, bias = owner.__dict__.get(_ATTR, (None, None))
+    if weight is None:
+        return False
+    for name in names:
+        linear = getattr(owner, name)
+        if linear.weight.untyped_storage().data_ptr() != weight.untyped_storage().data_ptr():
+            return False
+        if bias is not None and (linear.bias is None
+                                 or linear.bias.untyped_storage().data_ptr() != bias.untyped_storage().data_ptr()):
+            return False
+    return True
 
 
 def fuse_projections(layers) -> None:

@@ -56,11 +56,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib.util
 
 import torch
 from transformers import AttentionInterface
 
+from parity.models import fused_ops
 from parity.models.attention_tiles import ForwardLayout, TilePlan, forward_layout, plan_tiles, window_lo
 
 ATTN_IMPLEMENTATION = "parity_paged"
@@ -268,7 +268,7 @@ def _stage(kv_part: torch.Tensor, cache_blocks: torch.Tensor, blocks: torch.Tens
     kv_part.unflatten(0, (kv_heads, num_tiles)).copy_(gathered.permute(2, 0, 1, 3))
 
 
-if importlib.util.find_spec("triton") is not None:
+if fused_ops.HAS_TRITON:
     @paged_attend.register_kernel("cuda")
     def _(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling, tile_len, chunk_blocks,
           block_size):
