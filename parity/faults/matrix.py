@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from parity.faults.catalog import FAULTS
@@ -19,26 +21,32 @@ def home_scenario(fault, scenarios_dir: Path = SCENARIOS) -> Path:
 
 
 def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", names=None,
-               scenarios_dir: Path = SCENARIOS, progress=None) -> dict[str, dict]:
-    """Run each fault on its home scenario in every mode; returns fault name -> summary.
+               scenarios_dir: Path = SCENARIOS, progress=None, extra: tuple[str, ...] = (),
+               jobs: int | None = None) -> dict[str, dict]:
+    """Run each fault on its home scenario in every mode; returns fault name -> summary, in catalog order.
 
     Each fault runs in its own `parity run` process: a fault that drives a CUDA
     kernel out of bounds poisons its process, and must not poison the next.
+    `extra`: more `parity run` arguments (`--dtype bfloat16 --simulate-padding-numerics 0.1`).
+    `jobs` processes run at once (default: one per CPU core), each on one CPU thread unless
+    OMP_NUM_THREADS says otherwise: oversubscribed OpenMP threads spin for minutes.
     """
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in names or list(FAULTS):
+    names = list(names or FAULTS)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+        def one(name: str) -> dict:
             out = Path(tmp) / name
             command = [sys.executable, "-m", "parity", "run", "--model", model, "--backend", backend,
                        "--scenario", str(home_scenario(FAULTS[name], scenarios_dir)), "--modes", ",".join(MODES),
-                       "--inject", name, "--out", str(out), "--quiet"]
-            done = subprocess.run(command, capture_output=True, text=True)
+                       "--inject", name, "--out", str(out), "--quiet", *extra]
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode not in (0, 1) or not (out / "summary.json").is_file():
                 raise RuntimeError(f"{name}: parity run exited {done.returncode}: {done.stderr.strip()[-400:]}")
-            results[name] = json.loads((out / "summary.json").read_text())
             if progress is not None:
                 progress(name)
-    return results
+            return json.loads((out / "summary.json").read_text())
+
+        return dict(zip(names, pool.map(one, names)))
 
 
 def matrix_rows(results: dict[str, dict]) -> list[list[str]]:

@@ -22,13 +22,21 @@ import torch
 
 from parity.engine.parts import EngineParts
 
+# The persistent buffer the seam itself reads inside every forward it perturbs (its entry past the last
+# padded row: the real token count, to tell a padded forward from an unpadded one). It reads the owner's
+# registry, never the metadata object, so a graph that missed the metadata (CAPTURE_CONTEXT) is not
+# confused by the seam; but a fault that rebinds this registry buffer also reaches graphs whose own
+# forwards never read it (a PIECEWISE graph's logits step, through the seam): there the run rightly drifts.
+READS = ("query_start_loc",)
 
-def padding_noise(logits: torch.Tensor, meta, num_tokens_padded: int) -> torch.Tensor:
+
+def padding_noise(logits: torch.Tensor, buffers, meta, num_tokens_padded: int) -> torch.Tensor:
     """scale-free noise in [-1, 1] of the logits' shape, nonzero only when the batch is padded."""
     rows, vocab = logits.shape
     index = torch.arange(rows * vocab, device=logits.device, dtype=torch.float32).view(rows, vocab)
     noise = torch.sin(index * 12.9898 + float(num_tokens_padded) * 78.233)
-    padded = (meta.query_start_loc[-1] != num_tokens_padded).to(torch.float32)
+    num_reqs_padded = meta.query_start_loc.shape[0] - 1      # a shape: static per graph, nothing read
+    padded = (buffers["query_start_loc"][num_reqs_padded] != num_tokens_padded).to(torch.float32)
     return noise * padded
 
 
@@ -37,7 +45,7 @@ class _PaddedTargetNumerics:
 
     def logits(self, hidden, meta):
         logits = super().logits(hidden, meta)
-        return logits + self.numerics_scale * padding_noise(logits, meta, hidden.shape[0])
+        return logits + self.numerics_scale * padding_noise(logits, self.buffers, meta, hidden.shape[0])
 
 
 class _PaddedDraftNumerics:
@@ -45,7 +53,7 @@ class _PaddedDraftNumerics:
 
     def draft_logits(self, row_hidden, meta):
         logits = super().draft_logits(row_hidden, meta)
-        return logits + self.numerics_scale * padding_noise(logits, meta, _padded_tokens(meta))
+        return logits + self.numerics_scale * padding_noise(logits, self.buffers, meta, _padded_tokens(meta))
 
 
 def _padded_tokens(meta) -> int:
