@@ -16,7 +16,7 @@ UNEXPLAINED = "UNEXPLAINED"
 NONE = "NONE"
 
 EXPLAIN = {
-    BUFFER_REASSIGNED: "a metadata field was rebound to a new tensor; the graph keeps reading the old address",
+    BUFFER_REASSIGNED: "a tensor the graph reads was rebound to a new one; the graph keeps reading the old address",
     STALE_BUFFER: "the captured buffer is at the right address but was not refreshed before replay",
     FROZEN_AT_CAPTURE: "a Python value was baked into the graph at capture",
     PADDING_LEAK: "padded entries were not made inert and leak into real rows",

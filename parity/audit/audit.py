@@ -30,7 +30,7 @@ from parity.audit.cheap import not_refreshed, rebinds
 from parity.audit.check import cheap_reassigned, checked_replay
 from parity.audit.diagnosis import GraphAuditWarning, GraphParityError, make_diagnosis, summary
 from parity.audit.record import CaptureRecord, build_record, padded_rows_of
-from parity.audit.roles import roots_of
+from parity.graphs.roles import roots_of
 from parity.audit.trace import ReadSetTracer
 
 # The sink of every audit that has none of its own (the pytest plugin sets it per test).

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.audit.record import CaptureRecord, Role
-from parity.audit.roles import MISSING, chain_of, resolve
+from parity.graphs.roles import MISSING, chain_of, resolve
 from parity.audit.trace import storage_ptr
 
 

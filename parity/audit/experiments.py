@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from parity.audit.cheap import Rebind, moved_names
-from parity.audit.roles import MISSING, Path, assign, resolve
+from parity.graphs.roles import MISSING, Path, assign, resolve
 from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
 
 MAX_HOST_CANDIDATES = 16

@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from parity.audit.aliases import non_owning
-from parity.audit.roles import HOST_TYPES, Path, chain_of, roots_of, walk
+from parity.graphs.roles import HOST_TYPES, Path, chain_of, roots_of, walk
 from parity.audit.trace import ReadSetTracer, byte_range, storage_ptr
 
 MAX_PATHS_PER_TENSOR = 3

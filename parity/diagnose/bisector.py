@@ -133,7 +133,10 @@ class Bisector:
         executor = executor_of(graph, ev_g.owner)
         entry = executor.entry(dispatch)
         where["graph_info"] = {"runtime_mode": dispatch.runtime_mode, "num_tokens": dispatch.num_tokens_padded,
-                          "num_reqs": dispatch.num_reqs_padded, "manifest": [e.as_dict() for e in entry.manifest]}
+                          "num_reqs": dispatch.num_reqs_padded,
+                          # the weights it read are counted, not listed (hundreds at 8B)
+                          "manifest": [e.as_dict() for e in entry.manifest if not _weight(e)],
+                          "weights_read": sum(_weight(e) for e in entry.manifest)}
         unstable = reproducible.check(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, **where)
         if unstable is not None:
             return unstable
@@ -183,6 +186,10 @@ class PaddingBisector(Bisector):
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
         where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}
         return padding.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, **where)
+
+
+def _weight(entry) -> bool:
+    return isinstance(entry.tensor, torch.nn.Parameter)
 
 
 def _logits_drift(logits_g, logits_r, verify_event) -> float:

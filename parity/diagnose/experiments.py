@@ -19,6 +19,10 @@ experiment that fits what the addresses say:
   - the graph read the persistent buffer, and the live metadata object holds a
     fresh tensor instead (the field was rebound per step, seeds 001 and 002):
     BUFFER_REASSIGNED (who: metadata object);
+- an attribute of the owner object (a model buffer such as RoPE's inv_freq, a
+  tensor the proposer keeps) that the graph read at its capture-time tensor and
+  that now holds another: redirect it: BUFFER_REASSIGNED (who: the owner object,
+  named by the attribute path);
 - refresh (the captured tensor is the live tensor in every holder, its values
   are wrong): copy the reference's values in: STALE_BUFFER;
 - inert padding (a padded entry of the padding contract off its pad value):
@@ -55,6 +59,7 @@ import torch
 from parity.analysis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
 from parity.diagnose.delta_debug import ddmin
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, registry_of, restore
+from parity.graphs.manifest import live_object_tensor
 
 # The most specific first: a repair that names where the live values went beats one that only refreshes.
 SPECIFICITY = (BUFFER_REASSIGNED, CAPTURE_CONTEXT, STALE_BUFFER, PADDING_LEAK)
@@ -96,7 +101,13 @@ def candidates(ref, graph, ev_r, ev_g, snaps, entry, read_by_reference: set[str]
     found = []
     d = ev_g.dispatch
     live_cache = graph.owner(ev_g.owner).kv_cache.tensors()
+    holder = graph.owner(ev_g.owner)
     for e in entry.manifest:
+        if e.holder == "object":
+            repair = _redirect_attribute(e, live_object_tensor(e, holder), read_by_reference, graph_state, ev_g.owner)
+            if repair is not None:
+                found.append(repair)
+            continue
         if e.holder == "kv cache":
             live = live_cache[e.index] if e.index < len(live_cache) else None
             if "kv_cache" in read_by_reference and live is not None and live.data_ptr() != e.address:
@@ -119,6 +130,17 @@ def candidates(ref, graph, ev_r, ev_g, snaps, entry, read_by_reference: set[str]
         if repair is not None:
             found.append(repair)
     return found + _padding_repairs(registry, ev_g, graph_state)
+
+
+def _redirect_attribute(e, live, read_by_reference, graph_state, owner: str) -> Repair | None:
+    """An attribute of the owner object (a model buffer, a tensor the proposer keeps) the graph read at its
+    capture-time tensor, rebound since: redirect the graph's reads and writes to the live tensor."""
+    if (e.name not in read_by_reference or live is None or live.shape != e.tensor.shape
+            or live.untyped_storage().data_ptr() == e.tensor.untyped_storage().data_ptr()):
+        return None
+    return Repair(BUFFER_REASSIGNED, e.name, f"{owner} object", f"redirect {e.name} to the attribute's live tensor",
+                  e.tensor, slice(None), graph_state.get(id(live), live), e.address, live.data_ptr(),
+                  "the attribute was rebound to a new tensor; the graph reads the one it held at capture", live)
 
 
 def _repair_for(e, region, before, live_registry, live_meta, reference, graph_state) -> Repair | None:

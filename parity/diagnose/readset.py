@@ -3,7 +3,9 @@
 The reference forward is re-run from its pre-state under a dispatch-mode
 tracer that collects every storage its ops read; each storage is named by its
 role: a buffer of the owner's registry, a tensor field of the metadata
-object, or the owner's KV cache. A role can be read through two holders at
+object, the owner's KV cache, or an attribute path from the owner object
+(`model.hf.model.rotary_emb.inv_freq`, a tensor the proposer keeps), whichever
+object holds it. A role can be read through two holders at
 once (RoPE reads the registry's positions, attention the metadata's): both
 are kept. The graph's side is its capture manifest (same roles, with the
 holder at capture). A role the reference reads is what a graph must read from the
@@ -20,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from parity.diagnose.state import forward_fn, registry_of, restore
+from parity.graphs.manifest import object_tensors, role_name
 
 
 class _Reads(TorchDispatchMode):
@@ -35,7 +38,8 @@ class _Reads(TorchDispatchMode):
 
 
 def reference_reads(bisector, ref, ev_r, snap) -> dict[str, set[str]]:
-    """role name -> holders ("registry", "metadata object", "kv cache") of every tensor the reference forward reads."""
+    """role name -> holders ("registry", "metadata object", "kv cache", "object") of every tensor the reference
+    forward reads."""
     restore(snap)
     tracer = _Reads()
     bisector.replays += 1
@@ -55,6 +59,15 @@ def reference_reads(bisector, ref, ev_r, snap) -> dict[str, set[str]]:
         held = registry[f.name] if f.name in registry else None
         if held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr():
             roles.setdefault(f.name, set()).add("metadata object")
-    if any(t.untyped_storage().data_ptr() in tracer.storages for t in ref.owner(ev_r.owner).kv_cache.tensors()):
+    cache = ref.owner(ev_r.owner).kv_cache.tensors()
+    if any(t.untyped_storage().data_ptr() in tracer.storages for t in cache):
         roles["kv_cache"] = {"kv cache"}
+    fields = [getattr(ev_r.meta, f.name) for f in dataclasses.fields(ev_r.meta)]
+    named = {t.untyped_storage().data_ptr() for t in [*(t for _, t in registry.items()), *cache, *fields]
+             if isinstance(t, torch.Tensor)}
+    for path, tensor in object_tensors(ref.owner(ev_r.owner)):
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in tracer.storages and storage not in named:
+            named.add(storage)
+            roles.setdefault(role_name(path), set()).add("object")
     return roles

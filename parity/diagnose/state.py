@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from parity.graphs.manager import restore_tensors, snapshot_tensors
+from parity.graphs.manifest import live_object_tensor
 
 METADATA_FIELDS = ("query_start_loc", "seq_lens", "slot_mapping", "block_table", "positions", "window_start")
 
@@ -24,10 +25,21 @@ def forward_fn(engine, owner: str, phase: str):
 def state_tensors(engine) -> list[torch.Tensor]:
     """Every tensor a forward may read or write: every owner's registry and KV cache, and every tensor its
     captured graphs read that the registry no longer holds (a buffer rebound after capture: the graph keeps
-    reading and writing the orphan, so a forward's pre-state includes it)."""
+    reading and writing the orphan, so a forward's pre-state includes it), and the tensors other than weights
+    the graphs read through an owner's attributes."""
     tensors = [t for owner in engine.owners() for t in owner.state_tensors()]
-    captured = [item.tensor for owner in engine.owners() for entry in getattr(owner.executor, "graphs", {}).values()
-                for item in entry.manifest if item.tensor is not None]
+    captured = []
+    for owner in engine.owners():
+        for entry in getattr(owner.executor, "graphs", {}).values():
+            for item in entry.manifest:
+                if item.holder == "object":
+                    # Weights are never written by a forward (and at 8B a copy is 16 GB): only the other
+                    # tensors an owner keeps, as captured and as the attribute holds them now.
+                    live = live_object_tensor(item, owner)
+                    captured += [t for t in (item.tensor, live)
+                                 if t is not None and not isinstance(t, torch.nn.Parameter)]
+                elif item.tensor is not None:
+                    captured.append(item.tensor)
     # One tensor per storage: a view the metadata object held of a registry buffer is saved with the buffer.
     held = {t.untyped_storage().data_ptr() for t in tensors}
     for t in captured:

@@ -91,7 +91,7 @@ class GraphExecutor:
                                     weak_outputs=self.weak_outputs)
             finally:
                 restore()
-            manifest = build_manifest(graph.read_storages, self.registries, meta)
+            manifest = build_manifest(graph.read_storages, self.registries, meta, getattr(fn, "__self__", None))
             self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta), meta, contents)
             count += 1
         return count

@@ -5,7 +5,10 @@ registered persistent buffers it touched ("registry"), the tensors of the
 capture-time metadata object it touched that no registry owns ("metadata": a
 placeholder, or a tensor a builder made for that one batch), and the KV cache
 tensors it read or wrote ("kv cache", role `kv_cache`, with the tensor's index
-in the cache). `audit` compares
+in the cache), and every other tensor it read that the owner object reaches
+through its attributes ("object": the model's weights and buffers, a tensor the
+proposer keeps), named by the attribute path (`model.hf.model.rotary_emb.inv_freq`).
+`audit` compares
 the registry entries with the live registry: a different address means the
 buffer was reassigned behind the graph's back.
 """
@@ -14,6 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass, field
+
+import torch
+
+from parity.graphs.roles import resolve, walk
+
+OBJECT_ROOT = "self"
+OBJECT_DEPTH = 12     # deep enough for `model.hf.model.layers[31].self_attn.qkv_proj.weight`
 
 
 @dataclass(frozen=True)
@@ -24,8 +34,9 @@ class ManifestEntry:
     shape: tuple[int, ...]
     dtype: str
     tensor: object = field(default=None, repr=False, compare=False)   # the captured tensor itself
-    holder: str = "registry"         # "registry", "metadata" (only the metadata object held it) or "kv cache"
+    holder: str = "registry"         # "registry", "metadata" (only the metadata object held it), "kv cache", "object"
     index: int = -1                  # for the KV cache: the tensor's place in `PagedKVCache.tensors()`
+    path: object = field(default=None, repr=False, compare=False)   # "object": the roles.Path from the owner
 
     def as_dict(self) -> dict:
         return {"owner": self.owner, "name": self.name, "address": self.address, "shape": list(self.shape),
@@ -43,8 +54,9 @@ class AuditFinding:
         return asdict(self)
 
 
-def build_manifest(read_storages: set[int], registries, meta=None) -> tuple[ManifestEntry, ...]:
-    """Entries for every registered buffer, and every tensor of `meta` no registry owns, the graph touched."""
+def build_manifest(read_storages: set[int], registries, meta=None, holder=None) -> tuple[ManifestEntry, ...]:
+    """Entries for every registered buffer, every tensor of `meta` no registry owns, the KV cache, and every
+    tensor reachable from the owner object `holder`, that the graph touched."""
     entries, owned = [], set()
     for registry in registries:
         for name, tensor in registry.items():
@@ -60,7 +72,32 @@ def build_manifest(read_storages: set[int], registries, meta=None) -> tuple[Mani
     for i, tensor in enumerate(cache.tensors() if cache is not None else ()):
         if tensor.untyped_storage().data_ptr() in read_storages:
             entries.append(_entry(owner, "kv_cache", tensor, "kv cache", i))
+    named = owned | {e.tensor.untyped_storage().data_ptr() for e in entries}
+    for path, tensor in object_tensors(holder):
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in read_storages and storage not in named:
+            named.add(storage)
+            entries.append(dataclasses.replace(_entry(owner, role_name(path), tensor, "object"), path=path))
     return tuple(entries)
+
+
+def object_tensors(holder) -> list:
+    """(path, tensor) for every tensor the owner object reaches through its attributes, shortest path first."""
+    if holder is None:
+        return []
+    return [(path, value) for path, value in walk({OBJECT_ROOT: holder}, max_depth=OBJECT_DEPTH)
+            if isinstance(value, torch.Tensor) and value.numel()]
+
+
+def role_name(path) -> str:
+    """An attribute path from the owner object, as a role: `model.hf.model.rotary_emb.inv_freq`."""
+    return str(path).removeprefix(OBJECT_ROOT + ".")
+
+
+def live_object_tensor(entry: ManifestEntry, holder):
+    """The tensor an "object" entry's path reaches on the live owner object now; None if none."""
+    value = resolve(entry.path, {OBJECT_ROOT: holder})
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _entry(owner: str, name: str, tensor, holder: str, index: int = -1) -> ManifestEntry:

@@ -8,6 +8,10 @@ object a getter returns), `self.layers[1].wq`. Paths are walked through
 modules, dataclasses, dicts, lists, tuples and plain objects, and re-resolved
 on the live objects at every replay: a path that now reaches another storage
 is a rebinding, a path whose Python value changed is a host-value candidate.
+
+Shared by `parity.audit` (any callable's graph) and the engine's capture
+manifest (tensors a graph reads through its owner's attributes: the model's,
+the proposer's).
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ def _children(obj):
             yield ATTR, name, value
 
 
-def walk(roots: dict):
+def walk(roots: dict, max_depth: int = MAX_DEPTH):
     """Yield (path, value) for every tensor and host value reachable from `roots`, shortest paths first."""
     visits: dict[int, int] = {}
     frontier = [(Path(name), obj) for name, obj in roots.items()]
@@ -131,7 +135,7 @@ def walk(roots: dict):
             if isinstance(obj, HOST_TYPES) and path.steps:
                 yield path, obj
                 continue
-            if obj is None or _opaque(obj) or visits.get(id(obj), 0) >= MAX_VISITS or path.depth() >= MAX_DEPTH:
+            if obj is None or _opaque(obj) or visits.get(id(obj), 0) >= MAX_VISITS or path.depth() >= max_depth:
                 continue
             visits[id(obj)] = visits.get(id(obj), 0) + 1
             for kind, key, child in _children(obj):
