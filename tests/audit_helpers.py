@@ -12,14 +12,17 @@ import random
 
 from parity.audit.auto import auto_audit
 from tests.second_engine import SpecEngine
+from tests.second_engine.engine import get_forward_context
 
-# (kind, a word of the tensor role, the graph it must be found in) per planted bug.
+# (kind, a word of the tensor role, the graph it must be found in) per planted bug. A capture context is
+# reachable from nothing the audit can walk (a forward-context getter): its role is unnamed, None here.
 EXPECTED = {
     "stale": ("STALE_BUFFER", "positions", "draft_forward"),
     "reassigned": ("BUFFER_REASSIGNED", "rows", "draft_forward"),
     "frozen": ("FROZEN_AT_CAPTURE", "draft_step", "draft_forward"),
     "padding": ("PADDING_LEAK", "hidden", "draft_forward"),
     "pool_alias": ("POOL_ALIAS", "logits", "verify_forward"),
+    "capture_context": ("CAPTURE_CONTEXT", None, "verify_forward"),
 }
 OUTPUT_NAMES = {"verify_forward": ("logits", "hidden"), "draft_forward": ("token", "draft_hidden", "logprobs")}
 
@@ -38,18 +41,28 @@ def configure(fn, args) -> dict:
             "output_names": OUTPUT_NAMES[fn.__name__]}
 
 
-def audited_run(pair, bugs=(), every: int = 1, on_mismatch: str = "record", max_new=None, **engine_options):
+def configure_with_context(fn, args) -> dict:
+    """The same, with the forward-context getter declared as a static input (docs/audit.md)."""
+    options = configure(fn, args)
+    options["static_inputs"] = {**options["static_inputs"], "ctx": get_forward_context}
+    return options
+
+
+def audited_run(pair, bugs=(), every: int = 1, on_mismatch: str = "record", max_new=None, declare=configure,
+                **engine_options):
     """(session, engine, requests): the engine built and run under the auto-audit."""
     target, eagle = pair
     prompts, default_max_new = workload()
     max_new = max_new or default_max_new
-    with auto_audit(every=every, on_mismatch=on_mismatch, configure=configure) as session:
+    with auto_audit(every=every, on_mismatch=on_mismatch, configure=declare) as session:
         engine = SpecEngine(target, eagle, bugs=bugs, **engine_options)
         requests = engine.generate(prompts, max_new)
     return session, engine, requests
 
 
-def matching(session, kind: str, role: str, graph: str) -> list[dict]:
-    """Diagnoses of `kind` naming a buffer containing `role`, in a graph whose name contains `graph`."""
+def matching(session, kind: str, role: str | None, graph: str) -> list[dict]:
+    """Diagnoses of `kind` naming a buffer containing `role` (None: naming none), in a graph whose name
+    contains `graph`."""
     return [e.diagnosis for e in session.errors
-            if e.kind == kind and graph in e.diagnosis["owner"] and any(role in b for b in e.buffers)]
+            if e.kind == kind and graph in e.diagnosis["owner"]
+            and (any(role in b for b in e.buffers) if role is not None else e.buffers == [])]

@@ -12,7 +12,7 @@ import pytest
 
 from parity.audit import DIAGNOSIS_KEYS, GraphParityError
 from parity.audit import check as audit_check
-from tests.audit_helpers import EXPECTED, audited_run, matching, workload
+from tests.audit_helpers import EXPECTED, audited_run, configure_with_context, matching, workload
 from tests.second_engine import SpecEngine, load_pair
 
 
@@ -58,6 +58,13 @@ def test_planted_bug_is_named(pair, bug):
     diagnosis = found[0]
     assert set(DIAGNOSIS_KEYS) <= set(diagnosis) and diagnosis["experiment"]
     assert isinstance(diagnosis["ruled_out"], list)
+
+
+def test_a_declared_forward_context_turns_capture_context_into_a_named_rebinding(pair):
+    """Declared as a static input, the getter is walked: the capture's copies and the live buffers differ."""
+    session, _, _ = audited_run(pair, bugs={"capture_context"}, declare=configure_with_context)
+    assert session.errors and {e.kind for e in session.errors} == {"BUFFER_REASSIGNED"}
+    assert all(any(b.startswith("static['ctx'].") for b in e.buffers) for e in session.errors)
 
 
 def test_stale_rules_out_the_refreshed_buffers(pair):

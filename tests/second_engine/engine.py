@@ -7,14 +7,17 @@ One step, per batch of requests padded to a capture size:
 3. draft: K replays of the draft-step graph propose the next step's drafts;
 4. emit: the target logprobs of the emitted tokens are read from the verify
    outputs (after drafting, as an engine that returns logprobs with the step).
-Per-step inputs are built fresh (`verify_in`, `draft_in`); in graph mode they
-are copied into the persistent buffers the graphs read (`static_verify`,
-`static_draft`), one line per field. Graph outputs are held weakly, as vLLM
-holds them, so a graph's pool may hand their memory out again.
+Per-step inputs are built fresh; in graph mode they are copied into the
+persistent buffers the graphs read (`static_verify`, `static_draft`), one line
+per field. The verify forward finds its inputs in a forward context set around
+every forward, capture and replay included (as vLLM's `set_forward_context`);
+the draft step reads `draft_in`. Graph outputs are held weakly, as vLLM holds
+them, so a graph's pool may hand their memory out again.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +25,23 @@ import torch
 from tests.second_engine.graphs import capture, graph_api, warm_up, weak_ref
 from tests.second_engine.model import draft_forward, new_cache, rope_tables, target_forward
 
-BUGS = ("stale", "reassigned", "frozen", "padding", "pool_alias")
+BUGS = ("stale", "reassigned", "frozen", "padding", "pool_alias", "capture_context")
+_CONTEXT: list = []
+
+
+@contextmanager
+def forward_context(inputs):
+    """The inputs of the forward about to run (or be captured, or replayed), for `get_forward_context`."""
+    _CONTEXT.append(inputs)
+    try:
+        yield
+    finally:
+        _CONTEXT.pop()
+
+
+def get_forward_context():
+    """The current forward's inputs; None outside any forward."""
+    return _CONTEXT[-1] if _CONTEXT else None
 
 
 @dataclass
@@ -82,7 +101,7 @@ class SpecEngine:
         self.static_draft = DraftInputs(zeros(max_batch), torch.zeros(max_batch, c.hidden, device=device),
                                         zeros(max_batch), trash.clone(), zeros(1))
         self.draft_tokens = zeros(max_batch, k)     # the draft step writes its token at column draft_step
-        self.verify_in, self.draft_in = self.static_verify, self.static_draft
+        self.draft_in = self.static_draft
         self.draft_step = 0
         self.num_valid = 0
         self.accepted_per_position = [0] * k
@@ -105,9 +124,12 @@ class SpecEngine:
         self.target_pool, self.draft_pool = api.graph_pool_handle(), api.graph_pool_handle()
         draft_pool = self.target_pool if self.bug("pool_alias") else self.draft_pool   # BUG pool_alias
         for bs in reversed(self.sizes):          # largest first: smaller graphs reuse its memory
-            self.verify_in = self.static_verify.view(bs)
-            warm_up(api, self.verify_forward, bs)
-            graph, out = capture(api, self.target_pool, self.verify_forward, bs)
+            inputs = self.static_verify.view(bs)
+            if self.bug("capture_context"):      # BUG capture_context: captured on dummy copies, not the buffers
+                inputs = VerifyInputs(inputs.tokens.clone(), inputs.positions.clone(), inputs.rows.clone())
+            with forward_context(inputs):
+                warm_up(api, self.verify_forward, bs)
+                graph, out = capture(api, self.target_pool, self.verify_forward, bs)
             self.graphs["verify", bs] = (graph, weak_ref(api, out))
             del out                              # held weakly only: its memory goes back to the pool now
         for bs in reversed(self.sizes):
@@ -118,8 +140,8 @@ class SpecEngine:
             del out
 
     def verify_forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Captured body: target logits [bs, 1+K, vocab] and hidden [bs, 1+K, hidden] of `verify_in`."""
-        v = self.verify_in
+        """Captured body: target logits [bs, 1+K, vocab] and hidden [bs, 1+K, hidden] of the forward context."""
+        v = get_forward_context()
         return target_forward(self.t, self.target_cache, v.tokens[:bs], v.positions[:bs], v.rows[:bs], self.rope)
 
     def draft_forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -151,15 +173,17 @@ class SpecEngine:
         tokens[:n, 1:] = drafts
         positions[:n] = torch.tensor([r.position for r in reqs])[:, None] + torch.arange(k + 1)
         rows[:n] = torch.tensor([r.row for r in reqs])
-        self.verify_in, self.num_valid = VerifyInputs(tokens, positions, rows), n
+        self.num_valid = n
         if not self.graphs:
-            return self.verify_forward(bs)
+            with forward_context(VerifyInputs(tokens, positions, rows)):
+                return self.verify_forward(bs)
         s = self.static_verify
         s.tokens[:bs].copy_(tokens)
         s.positions[:bs].copy_(positions)
         s.rows[:bs].copy_(rows)
         graph, out = self.graphs["verify", bs]
-        graph.replay()
+        with forward_context(s.view(bs)):
+            graph.replay()
         return out
 
     def _draft_step(self, d: DraftInputs, bs: int):
