@@ -97,6 +97,20 @@ def test_clean_engine_has_no_false_alarm_under_padding_numerics():
     assert "default" in names and not names & {"llama3-eagle", "long-context-8k"}
 
 
+def test_no_false_alarm_on_the_synthetic_tiny_shape(tmp_path):
+    """The false-alarm bench on a synthetic pair (what `parity bench --alarm-shape tiny` builds)."""
+    from parity.models.synth import synthesize
+    from parity.models.synth_spec import TARGET_FOLDER, SynthRequest
+
+    synthesize(SynthRequest("tiny", "eagle1", 0.8, "bfloat16", str(tmp_path / "pair"), 0, "cpu"), progress=print)
+    result = clean_alarms(paths=[shipped_scenarios()[0]], seeds=1, requests=2, max_tokens=8,
+                          pair_paths=(str(tmp_path / "pair" / TARGET_FOLDER), str(tmp_path / "pair" / "eagle1")),
+                          model="synthetic tiny")
+    assert result["mode_runs"] == 4 and result["false_alarms"] == 0
+    assert result["max_abs_logprob_diff"] > 0, "the seam moved the padded references"
+    assert alarms_line(result).startswith("clean-engine false alarms (synthetic tiny, bfloat16, padding numerics x0.1")
+
+
 @pytest.mark.slow
 def test_default_bench_runs_every_step(tmp_path):
     """`make bench` on the CPU: every default step (its time is a benchmark figure, not asserted here)."""

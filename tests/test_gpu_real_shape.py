@@ -42,17 +42,36 @@ def run(pair, tmp_path, *extra) -> dict:
     return summary
 
 
-def test_every_mode_is_bitwise_equal_to_its_reference_in_bf16(pair_1b, tmp_path):
-    summary = run(pair_1b, tmp_path)
+@pytest.mark.parametrize("seam", [None, "0.1"], ids=["real-numerics", "simulated-numerics"])
+def test_every_mode_is_bitwise_equal_to_its_reference_in_bf16(pair_1b, tmp_path, seam):
+    """PASS at the 1B shape; with the seam on top (as on the CPU), the references surely part from eager
+    (the fused bf16 kernels left the default scenario's references equal to eager at this shape, H200)."""
+    extra = ("--simulate-padding-numerics", seam) if seam else ()
+    summary = run(pair_1b, tmp_path, *extra)
     assert summary["verdict"] == "pass", {m: v["reasons"] for m, v in summary["modes"].items()}
     for mode, m in summary["modes"].items():
         if mode != "eager":
             assert m["reference"]["bitwise_equal"] and m["graph_replays"] > 0, mode
-    print(json.dumps({m: v["numerics"] for m, v in summary["modes"].items() if v["numerics"]}, indent=1))
+    numerics = {m: v["numerics"] for m, v in summary["modes"].items() if v["numerics"]}
+    print(json.dumps(numerics, indent=1))
+    if seam:
+        assert max(n["max_abs_logprob_diff"] for n in numerics.values()) > 0, numerics
 
 
-def test_a_graph_bug_in_bf16_is_named_against_the_reference(pair_1b, tmp_path):
-    summary = run(pair_1b, tmp_path, "--modes", "eager,full", "--inject", "reassign-seq-lens")
+@pytest.mark.parametrize("fault, buffer", [("reassign-seq-lens", "seq_lens"), ("stale-slot-mapping", "slot_mapping")])
+def test_a_graph_bug_in_bf16_is_named_against_the_reference(pair_1b, tmp_path, fault, buffer):
+    summary = run(pair_1b, tmp_path, "--modes", "eager,full", "--inject", fault)
     assert summary["modes"]["full"]["verdict"] == "drift"
     d = summary["diagnoses"]["full"]
-    assert d["kind"] == "BUFFER_REASSIGNED" and "seq_lens" in d["buffers"], d
+    assert d["kind"] == "BUFFER_REASSIGNED" and buffer in d["buffers"] and d["experiment"], d
+
+
+def test_no_false_alarm_on_the_1b_shape_with_real_padding_numerics(pair_1b):
+    """The false-alarm bench at the 1B shape on CUDA, no seam: bf16 kernels bring their own padding numerics."""
+    from parity.harness.clean_alarms import clean_alarms, shipped_scenarios
+
+    result = clean_alarms(paths=shipped_scenarios()[:3], seeds=1, scale=0.0, requests=3, max_tokens=12,
+                          backend="cuda", pair_paths=pair_1b, model="synthetic llama3-1b")
+    print({k: v for k, v in result.items() if k != "rows"})
+    assert result["mode_runs"] == 12 and result["false_alarms"] == 0, [r for r in result["rows"]
+                                                                        if r["verdict"] == "drift"]

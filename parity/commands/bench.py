@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from parity.harness import bench, false_alarms
 from parity.harness.clean_alarms import clean_alarms
 from parity.harness.scenario import load_scenario
 from parity.models.pair import load_pair
+from parity.models.synth import synthesize
+from parity.models.synth_spec import SHAPES, TARGET_FOLDER, SynthRequest
 from parity.report.bench import alarms_line, audit_line
 
 STEPS = ("latency", "parity", "bisect", "audit", "alarms")
@@ -34,8 +37,12 @@ def register(sub) -> None:
     p.add_argument("--seeds", type=int, default=1, help="false alarms: seeds per shipped scenario (default 1)")
     p.add_argument("--alarm-requests", type=int, default=3, help="false alarms: requests per scenario (default 3)")
     p.add_argument("--alarm-tokens", type=int, default=12, help="false alarms: tokens per request (default 12)")
-    p.add_argument("--numerics-scale", type=float, default=0.1,
-                   help="false alarms: the simulated padding numerics (see --simulate-padding-numerics)")
+    p.add_argument("--numerics-scale", type=float, default=None,
+                   help="false alarms: the simulated padding numerics (see --simulate-padding-numerics; default 0.1, "
+                        "but 0 for --alarm-shape on CUDA, whose bf16 kernels have padding numerics of their own)")
+    p.add_argument("--alarm-shape", default=None, choices=sorted(SHAPES),
+                   help="false alarms: on a synthetic pair of this shape in bf16 (built in a temporary folder), "
+                        "not the embedded tiny pair: `tiny` on a CPU, `llama3-1b` on a GPU")
     suites = p.add_subparsers(dest="suite", parser_class=Parser)
     register_scale(suites)
     fa = suites.add_parser("false-alarms", help="the gate's false-alarm rate on the clean engine over many seeds")
@@ -103,8 +110,18 @@ def _audit(args) -> dict:
 
 
 def _alarms(args) -> dict:
-    result = clean_alarms(seeds=args.seeds, scale=args.numerics_scale, requests=args.alarm_requests,
-                          max_tokens=args.alarm_tokens)
+    real = args.alarm_shape is not None and torch.cuda.is_available()
+    scale = args.numerics_scale if args.numerics_scale is not None else (0.0 if real else 0.1)
+    options = dict(seeds=args.seeds, scale=scale, requests=args.alarm_requests, max_tokens=args.alarm_tokens)
+    if args.alarm_shape is None:
+        result = clean_alarms(**options)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            synthesize(SynthRequest(args.alarm_shape, "eagle1", 0.8, "bfloat16", tmp + "/pair", 0, device),
+                       progress=lambda line: print(f"  synth: {line}", file=sys.stderr))
+            result = clean_alarms(**options, pair_paths=(f"{tmp}/pair/{TARGET_FOLDER}", f"{tmp}/pair/eagle1"),
+                                  model=f"synthetic {args.alarm_shape}")
     console().print("\n" + alarms_line(result), highlight=False)
     return result
 

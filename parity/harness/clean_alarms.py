@@ -1,7 +1,8 @@
 """False alarms of the three-way verdict on the clean engine under padding numerics (`parity bench`).
 
-N seeds x the shipped scenarios x the five modes, on the embedded tiny pair in
-bf16 with the padding-numerics seam (`simulated_numerics`: padded forwards
+N seeds x the shipped scenarios x the five modes, on the embedded tiny pair (or
+a synthetic pair of a real shape, `parity bench --alarm-shape`) in bf16 with the
+padding-numerics seam (`simulated_numerics`: padded forwards
 move their logits by SCALE x a function of the padded shape, as bf16 GPU
 kernels do). The engine is clean, so every graph mode must pass: a false
 alarm is any mode whose verdict is drift. The numerics the references saw
@@ -44,10 +45,17 @@ def cut(scenario, seed: int, requests: int, max_tokens: int):
 
 
 def clean_alarms(paths=None, seeds: int = 1, scale: float = 0.1, requests: int = 3, max_tokens: int = 12,
-                 backend: str = "auto", dtype: torch.dtype = torch.bfloat16, progress=None) -> dict:
-    """Count drift verdicts (false alarms) of every graph mode on the clean engine; report the numerics."""
+                 backend: str = "auto", dtype: torch.dtype = torch.bfloat16, progress=None,
+                 pair_paths: tuple[str, str] | None = None, model: str = "tiny-llama3-eagle") -> dict:
+    """Count drift verdicts (false alarms) of every graph mode on the clean engine; report the numerics.
+
+    `pair_paths`: (target, draft) folders of a local pair (a synthetic one, `parity models synth`) instead
+    of the embedded tiny pair; `model` names it in the result."""
     backend, device = resolve_backend(backend)
-    pair = load_pair("tiny-llama3-eagle", dtype=dtype, device=device)
+    if pair_paths is None:
+        pair = load_pair("tiny-llama3-eagle", dtype=dtype, device=device)
+    else:
+        pair = load_pair("local", target_path=pair_paths[0], draft_path=pair_paths[1], dtype=dtype, device=device)
     parts = simulate_padding_numerics(EngineParts(), scale)
     rows = []
     for path in paths or shipped_scenarios():
@@ -65,7 +73,8 @@ def clean_alarms(paths=None, seeds: int = 1, scale: float = 0.1, requests: int =
                              "near_ties": n.near_ties if n else 0})
             if progress is not None:
                 progress(base.name, seed, [r for r in rows if r["scenario"] == base.name and r["seed"] == seed])
-    return {"backend": backend, "dtype": str(dtype).removeprefix("torch."), "scale": scale, "seeds": seeds,
+    return {"model": model, "backend": backend, "dtype": str(dtype).removeprefix("torch."), "scale": scale,
+            "seeds": seeds,
             "requests": requests, "max_tokens": max_tokens, "scenarios": sorted({r["scenario"] for r in rows}),
             "mode_runs": len(rows), "false_alarms": sum(r["verdict"] == "drift" for r in rows),
             "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] for r in rows), default=0.0),

@@ -47,7 +47,9 @@ def run_table(run: dict) -> Table:
 
 def alarms_line(result: dict) -> str:
     """One line: false alarms over mode runs, and the numerics the verdicts were not fooled by."""
-    return (f"clean-engine false alarms ({result['dtype']}, padding numerics x{result['scale']:g}, {result['seeds']} "
+    seam = f"padding numerics x{result['scale']:g}" if result["scale"] else "real padding numerics only"
+    return (f"clean-engine false alarms ({result.get('model', 'tiny-llama3-eagle')}, {result['dtype']}, {seam}, "
+            f"{result['seeds']} "
             f"seed(s) x {len(result['scenarios'])} scenarios x 4 graph modes, {result['requests']} requests x "
             f"{result['max_tokens']} tokens, {result['backend']}): {result['false_alarms']}/{result['mode_runs']}; "
             f"numerics seen: max |d logprob| {result['max_abs_logprob_diff']:.3g}, {result['token_flips']} token "
