@@ -15,11 +15,12 @@ OUT      ?=
 TORCH_CPU_VERSION ?= 2.13.0
 FUZZ_SECONDS ?= 300
 
-.PHONY: parity test test-gpu bench gate models bugs clean help fuzz
+.PHONY: parity smoke test test-gpu bench gate models bugs clean help fuzz
 
 help:
 	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=$(SCENARIO)] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
-	@echo "make test        CPU test suite (what CI runs)"
+	@echo "make smoke       seconds: imports, a tiny scenario in every mode, one fault named"
+	@echo "make test        CPU test suite (what CI runs), TEST_WORKERS=$(TEST_WORKERS) xdist workers"
 	@echo "make test-gpu    tests marked gpu (needs CUDA)"
 	@echo "make bench       side-by-side latency ratios"
 	@echo "make models      rebuild the embedded tiny pair under parity/assets/"
@@ -39,8 +40,14 @@ $(STAMP): pyproject.toml
 parity: $(STAMP)
 	$(PY) -m parity run --model $(MODEL) --scenario $(SCENARIO) --modes $(MODES) --backend $(BACKEND) $(if $(OUT),--out $(OUT),)
 
+smoke: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider tests/test_smoke.py
+
+# Two xdist workers keep both cores of the CI machine busy; tests sharing an expensive module fixture carry
+# an xdist_group mark and stay in one worker. Each test has a budget (tests/budget.py); the 15 slowest print.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not gpu" tests
+	$(PY) -m pytest -m "not gpu" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # With pytest-xdist the GPU tests spread over GPU_WORKERS processes sharing the one GPU (tests that share
 # an expensive fixture stay together: --dist loadgroup).

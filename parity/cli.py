@@ -10,29 +10,14 @@ from __future__ import annotations
 import sys
 
 from parity.commands import bench, bisect, faults, gate, imports, models, report, run, scenarios
-from parity.commands.boundary import guarded
-from parity.commands.common import Parser
+from parity.commands.boundary import run_command
 
 COMMANDS = (run, bisect, faults, report, gate, imports, models, scenarios, bench)
 
 
-def build_parser() -> Parser:
-    """The argument parser of every `parity` command."""
-    parser = Parser(prog="parity", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in COMMANDS:
-        command.register(sub)
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse and dispatch inside the boundary, which turns every failure into one line and a code."""
-
-    def dispatch() -> int:
-        args = build_parser().parse_args(argv)
-        return args.handler(args)
-
-    return guarded(dispatch)
+    return run_command(argv, COMMANDS, __doc__)
 
 
 if __name__ == "__main__":

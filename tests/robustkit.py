@@ -15,7 +15,9 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -107,6 +109,30 @@ def fork_main(argv: list[str], cwd: Path, logs: Path, before=None) -> int:
                 err.flush()
     finally:
         os._exit(code)
+
+
+TERMINAL_VARIABLES = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+
+
+def forked_cli(argv: list[str], cwd: Path = ROOT, **env: str) -> tuple[int, str, str]:
+    """`parity <argv>` as a process of its own with its output on pipes-like files: (exit code, stdout, stderr).
+
+    The child starts from a terminal-neutral environment (80 columns, no colour
+    variables) updated with `env`, as `COLUMNS=80 python -m parity ...` would.
+    """
+    logs = Path(tempfile.mkdtemp(prefix="parity-cli-"))
+
+    def environment():
+        for name in TERMINAL_VARIABLES:
+            os.environ.pop(name, None)
+        os.environ.update({"COLUMNS": "80", **env})
+
+    try:
+        pid = fork_main(argv, cwd, logs, before=environment)
+        code = wait(pid)
+        return code, log(logs, pid, "out"), log(logs, pid, "err")
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def wait(pid: int, timeout: float = 120.0) -> int:

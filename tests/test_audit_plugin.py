@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+# NOTE: the module fixture is the expensive part: one xdist worker runs it once.
+pytestmark = pytest.mark.xdist_group("audit_plugin")
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = "examples/audit_suite"
 

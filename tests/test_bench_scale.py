@@ -113,13 +113,25 @@ def test_no_false_alarm_on_the_synthetic_tiny_shape(tmp_path):
 
 @pytest.mark.slow
 def test_default_bench_runs_every_step(tmp_path):
-    """`make bench` on the CPU: every default step (its time is a benchmark figure, not asserted here)."""
+    """`make bench` on the CPU: every default step, the bisection on one fault (its time is a benchmark figure,
+    not asserted here; `make bench` bisects every fault)."""
     from parity.cli import main
 
-    assert main(["bench", "--json", str(tmp_path / "bench.json"), "--iters", "5"]) == 0
+    assert main(["bench", "--json", str(tmp_path / "bench.json"), "--iters", "5", "--faults", "reassign-seq-lens"]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(report) >= {"latency", "parity", "bisect", "audit", "alarms"}
+    assert [(r["fault"], r["kind"]) for r in report["bisect"]] == [("reassign-seq-lens", "BUFFER_REASSIGNED")]
     assert report["alarms"]["false_alarms"] == 0
+
+
+@pytest.mark.parametrize("args, needle", [(["--skip", "bogus"], "--skip bogus: not a step of parity bench"),
+                                          (["--faults", "no-such-fault"], "--faults: unknown fault(s) no-such-fault")])
+def test_bench_refuses_unknown_steps_and_faults_in_one_line(capsys, args, needle):
+    from parity.cli import main
+
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
 
 
 def test_kernel_profile_groups_by_name_most_time_first():

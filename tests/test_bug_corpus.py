@@ -2,10 +2,9 @@
 
 Fast checks: every bug's metadata is valid, its patch touches only parity/engine,
 parity/graphs or parity/models and still applies to this tree, and the grading
-rules hold on hand-made summaries. The slow test runs the whole corpus the way
-`make bugs` does (emulated backend) and asserts what must never happen: a patch
-that no longer applies, a run that errors, a bug that is MISSED, a FALSE ALARM.
-WRONG and LOCALISED grades are reported, not failed.
+rules hold on hand-made summaries. The slow tests grade each bug the way
+`make bugs` does (emulated backend), one test a bug, and require its expected
+grade: NAMED, CLEAN or CAUGHT.
 """
 
 from __future__ import annotations
@@ -70,19 +69,12 @@ def test_grading_rules():
 
 
 @pytest.mark.slow
-def test_corpus_is_never_missed_never_wrong_and_mostly_named(tmp_path):
-    """The whole corpus on the emulated backend (186 s alone on the shared 2-core machine): every bug
-    detected, no confident wrong answer, no false alarm, and at least 90% of the graph bugs NAMED."""
-    report = tmp_path / "bugs.json"
-    done = subprocess.run([sys.executable, str(GRADER), "--backend", "emulated", "--json", str(report)], cwd=ROOT,
-                          capture_output=True, text=True)
-    data = json.loads(report.read_text())
-    bad = [f"{b['id']}: {b['grade']} ({b['found']})" for b in data["bugs"]
-           if b["grade"] in ("MISSED", "WRONG", "FALSE ALARM", "NO-APPLY", "ERROR")]
-    assert not bad, "\n".join(bad) + "\n" + done.stdout[-3000:]
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    graph = [b for b in data["bugs"] if b["class"] == "graph"]
-    assert len(graph) >= 15
-    named = [b for b in graph if b["grade"] == "NAMED"]
-    assert len(named) >= 0.9 * len(graph), "\n".join(f"{b['id']}: {b['grade']} ({b['found']})" for b in graph
-                                                      if b["grade"] != "NAMED")
+@pytest.mark.parametrize("bug", BUGS, ids=[b.id for b in BUGS])
+def test_bug_gets_its_expected_grade(bug):
+    """The bug graded the way `make bugs` grades it (emulated backend; the patched tree imported into a child
+    forked from this process): a graph bug NAMED, a refactor CLEAN, an eager bug CAUGHT by the gate. Today the
+    whole corpus grades so; a bug the diagnoser only localises, or names wrongly, fails here."""
+    [result] = grade.grade_bugs([bug], ROOT, "emulated", jobs=1, timeout=300)
+    expected = {"graph": grade.NAMED, "refactor": grade.CLEAN, "eager": grade.CAUGHT}[bug.cls]
+    assert result["grade"] == expected, f"{bug.id}: {result['grade']} ({result['found']})\n" \
+        + json.dumps(result.get("per_mode") or result.get("output"), indent=1, default=str)[-3000:]

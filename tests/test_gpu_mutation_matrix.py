@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from parity.faults.catalog import FAULTS
-from parity.faults.matrix import run_matrix
+from parity.commands.matrix import run_matrix
 from parity.graphs.modes import MODES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,6 +17,7 @@ graphs are bitwise equal to their references there: nothing to find).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -24,27 +25,32 @@ from pathlib import Path
 import pytest
 
 from parity.faults.catalog import FAULTS
-from parity.faults.matrix import run_matrix
+from parity.commands.matrix import run_matrix
 from parity.graphs.modes import MODES
 from parity.harness.simulated_numerics import READS as SEAM_READS
+from tests.robustkit import call, run_args
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPH_MODES = [m for m in MODES if m != "eager"]
 
 
 SEAM = ("--simulate-padding-numerics", "0.1")
+VARIANTS = {"plain": (), "numerics": SEAM}
+CELLS = [(variant, name) for variant in VARIANTS for name in FAULTS]
 
 
-@pytest.fixture(scope="module", params=[(), SEAM], ids=["plain", "numerics"])
-def matrix(request):
-    results = run_matrix("tiny-llama3-eagle", "emulated", scenarios_dir=ROOT / "scenarios", extra=request.param)
-    return {"seamed": bool(request.param), "results": results}
+def run_cell(variant: str, name: str) -> dict:
+    """One fault on its home scenario in every mode: `parity run` in a child forked from this process."""
+    return run_matrix("tiny-llama3-eagle", "emulated", names=[name], scenarios_dir=ROOT / "scenarios",
+                      extra=VARIANTS[variant], jobs=1)[name]
 
 
-@pytest.mark.parametrize("name", list(FAULTS))
-def test_fault_is_found_where_it_shows_and_nowhere_else(matrix, name):
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,name", CELLS, ids=[f"{v}-{n}" for v, n in CELLS])
+def test_fault_is_found_where_it_shows_and_nowhere_else(variant, name):
     fault = FAULTS[name]
-    summary = matrix["results"][name]
+    summary = run_cell(variant, name)
+    seamed = variant == "numerics"
     assert summary["modes"]["eager"]["verdict"] == "pass"
     for mode in GRAPH_MODES:
         verdict = summary["modes"][mode]["verdict"]
@@ -60,7 +66,7 @@ def test_fault_is_found_where_it_shows_and_nowhere_else(matrix, name):
             assert diagnosis["phase"] is not None
             # A capacity shortfall is found before capture, at no step; every other kind at the step it showed.
             assert (diagnosis["step"] is None) == (fault.kind == "SHORT_BUFFER"), diagnosis
-        elif matrix["seamed"] and verdict == "drift" and set(fault.buffers) & set(SEAM_READS):
+        elif seamed and verdict == "drift" and set(fault.buffers) & set(SEAM_READS):
             # The seam reads this buffer in every forward it perturbs: the fault reaches this mode through it.
             # Then it must be the fault, named right (simulated_numerics.READS).
             assert diagnosis["kind"] == fault.kind and set(fault.buffers) <= set(diagnosis["buffers"]), diagnosis
@@ -68,26 +74,25 @@ def test_fault_is_found_where_it_shows_and_nowhere_else(matrix, name):
             assert verdict == "pass", f"{name} flagged in {mode}: {summary['modes'][mode]['reasons']}"
             assert diagnosis is None
             assert summary["modes"][mode]["reference"]["bitwise_equal"], (name, mode)
-            if matrix["seamed"]:
+            if seamed:
                 assert summary["modes"][mode]["numerics"] is not None, (name, mode)
-
-
-def test_the_seam_moved_every_graph_mode_away_from_eager_somewhere(matrix):
-    """Under the seam the references part from eager (the NUMERICS the verdict must not be fooled by)."""
-    if not matrix["seamed"]:
-        pytest.skip("fp32 without the seam: the references may equal eager")
-    for mode in GRAPH_MODES:
-        seen = [s["modes"][mode]["numerics"]["max_abs_logprob_diff"] for s in matrix["results"].values()
-                if s["modes"][mode]["numerics"]]
-        assert max(seen, default=0.0) > 0, mode
-
-
-@pytest.mark.parametrize("name", list(FAULTS))
-def test_bisection_stays_within_its_replay_budget(matrix, name):
+    # The bisection stays within its replay budget.
     named_buffers = 8 + 16   # the target's and the drafter's registries
     budget = 2 * math.ceil(math.log2(named_buffers)) + 4
-    for mode, diagnosis in matrix["results"][name]["diagnoses"].items():
+    for mode, diagnosis in summary["diagnoses"].items():
         assert diagnosis["replays"] <= budget, (mode, diagnosis["replays"])
+
+
+def test_the_seam_moves_every_graph_mode_away_from_eager(tmp_path):
+    """Under the seam, with no fault, every padded reference parts from eager (the NUMERICS the verdict must
+    not be fooled by) and every graph mode still passes against its reference."""
+    code, _, _ = call(run_args(ROOT / "scenarios" / "default.yaml", *SEAM, "--out", str(tmp_path / "run"),
+                               modes=",".join(MODES)))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert code == 0
+    for mode in GRAPH_MODES:
+        assert summary["modes"][mode]["verdict"] == "pass", mode
+        assert summary["modes"][mode]["numerics"]["max_abs_logprob_diff"] > 0, mode
 
 
 def test_the_detector_never_reads_fault_switches():

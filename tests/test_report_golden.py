@@ -12,8 +12,6 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from rich.console import Console
 from parity.report.console import render
 from parity.report.diagnosis import diagnoses_view
 from parity.report.markdown import render_markdown
+from tests.robustkit import forked_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -49,12 +48,9 @@ def check_golden(path: Path, actual: str) -> None:
     assert actual == path.read_text(), f"{path} differs from the rendering (UPDATE_GOLDEN=1 rewrites it)"
 
 
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
-    base.update({"PYTHONPATH": str(ROOT), "COLUMNS": "80"}, **env)
-    return subprocess.run([sys.executable, "-m", "parity", *args], cwd=ROOT, env=base, capture_output=True,
-                          text=True, timeout=120)
+def cli(*args: str, **env: str) -> tuple[int, str, str]:
+    """`parity <args>` in a child forked from this process, its output to files: (exit code, stdout, stderr)."""
+    return forked_cli(list(args), ROOT, **env)
 
 
 def test_goldens_cover_pass_and_drift():
@@ -76,25 +72,25 @@ def test_markdown_rendering_matches_golden(run):
 
 @pytest.mark.parametrize("run", RUNS)
 def test_parity_report_reproduces_the_console_golden(run):
-    result = cli("report", str(GOLDEN / run))
-    assert result.returncode == (0 if load(run)["verdict"] == "pass" else 1), result.stderr
-    assert result.stdout == (GOLDEN / run / "console.txt").read_text()
+    code, out, err = cli("report", str(GOLDEN / run))
+    assert code == (0 if load(run)["verdict"] == "pass" else 1), err
+    assert out == (GOLDEN / run / "console.txt").read_text()
 
 
 @pytest.mark.parametrize("run", RUNS)
 def test_parity_report_markdown_prints_report_md(run):
-    result = cli("report", str(GOLDEN / run), "--markdown")
-    assert result.returncode == (0 if load(run)["verdict"] == "pass" else 1), result.stderr
-    assert result.stdout == (GOLDEN / run / "report.md").read_text()
+    code, out, err = cli("report", str(GOLDEN / run), "--markdown")
+    assert code == (0 if load(run)["verdict"] == "pass" else 1), err
+    assert out == (GOLDEN / run / "report.md").read_text()
 
 
 @pytest.mark.parametrize("run", RUNS)
 def test_no_color_output_has_no_escapes_and_fits_80_columns(run):
     # FORCE_COLOR makes rich treat the pipe as a terminal; NO_COLOR must still leave no escape at all.
-    result = cli("report", str(GOLDEN / run), NO_COLOR="1", FORCE_COLOR="1")
-    assert result.stdout.strip()
-    assert not ANSI.search(result.stdout), "escape sequences under NO_COLOR"
-    widths = [cell_len(line) for line in result.stdout.splitlines()]
+    _, out, _ = cli("report", str(GOLDEN / run), NO_COLOR="1", FORCE_COLOR="1")
+    assert out.strip()
+    assert not ANSI.search(out), "escape sequences under NO_COLOR"
+    widths = [cell_len(line) for line in out.splitlines()]
     assert max(widths) <= 80, f"a line of {max(widths)} columns"
 
 

@@ -29,6 +29,9 @@ from parity.harness.request import RunRequest
 from parity.harness.session import run_session
 from parity.harness.simulated_numerics import simulate_padding_numerics
 
+# NOTE: the module fixture is the expensive part: one xdist worker runs it once.
+pytestmark = pytest.mark.xdist_group("three_way_verdict")
+
 SCALE = 0.1
 
 

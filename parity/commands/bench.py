@@ -16,8 +16,8 @@ import torch
 from parity.audit.bench import measure_overhead
 from parity.commands.bench_scale import register_scale, scale
 from parity.commands.common import EXIT_PASS, Parser, console
-from parity.faults.catalog import FAULTS
-from parity.faults.matrix import home_scenario
+from parity.errors import ParityInputError
+from parity.faults.catalog import FAULTS, home_scenario
 from parity.harness import bench, false_alarms
 from parity.harness.clean_alarms import clean_alarms
 from parity.harness.scenario import load_scenario
@@ -34,6 +34,8 @@ def register(sub) -> None:
     p.add_argument("--json", default="reports/bench.json", help="where to write every figure")
     p.add_argument("--skip", default="", help="comma-separated: " + ",".join(STEPS))
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--faults", default="", metavar="NAME,...",
+                   help="bisection: these faults of the catalog only (default: every fault)")
     p.add_argument("--seeds", type=int, default=1, help="false alarms: seeds per shipped scenario (default 1)")
     p.add_argument("--alarm-requests", type=int, default=3, help="false alarms: requests per scenario (default 3)")
     p.add_argument("--alarm-tokens", type=int, default=12, help="false alarms: tokens per request (default 12)")
@@ -63,6 +65,13 @@ def main(args) -> int:
     if args.suite == "scale":
         return scale(args)
     skip = set(filter(None, args.skip.split(",")))
+    unknown = sorted(skip - set(STEPS))
+    if unknown:
+        raise ParityInputError(f"--skip {','.join(unknown)}: not a step of parity bench (steps: {', '.join(STEPS)})")
+    faults = [f for f in args.faults.split(",") if f]
+    if set(faults) - set(FAULTS):
+        raise ParityInputError(f"--faults: unknown fault(s) {', '.join(sorted(set(faults) - set(FAULTS)))} "
+                               f"(`parity faults list` has them)")
     report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     for step, run in (("latency", _latency), ("parity", _parity), ("bisect", _bisect), ("audit", _audit),
                       ("alarms", _alarms)):
@@ -95,7 +104,7 @@ def _parity(args) -> dict:
 
 
 def _bisect(args) -> list[dict]:
-    rows = bench.time_bisection(_bisection_cases(), "auto", _replay_budget())
+    rows = bench.time_bisection(_bisection_cases([f for f in args.faults.split(",") if f]), "auto", _replay_budget())
     print("\nbisection on each fault's home scenario (in FULL where it shows there):")
     for row in rows:
         print(f"  {row['fault']:<26} {row['mode']:<17} {row['kind']:<18} bisection {row['bisect_seconds']} s "
@@ -126,9 +135,9 @@ def _alarms(args) -> dict:
     return result
 
 
-def _bisection_cases() -> list[tuple[str, Path, str]]:
+def _bisection_cases(names=()) -> list[tuple[str, Path, str]]:
     return [(name, home_scenario(f), "full" if "full" in f.manifests_in else f.manifests_in[0])
-            for name, f in FAULTS.items()]
+            for name, f in FAULTS.items() if not names or name in names]
 
 
 def _replay_budget() -> int:

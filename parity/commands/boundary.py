@@ -39,7 +39,7 @@ import traceback
 import torch
 
 import parity
-from parity.commands.common import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE
+from parity.commands.common import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, Parser
 from parity.errors import ParityInputError, Terminated
 
 OOM_HINT = ("lower max_num_seqs, max_num_batched_tokens or max_model_len (or list fewer capture_sizes) in the "
@@ -62,6 +62,20 @@ def one_line(text: str) -> str:
 
 def say(message: str) -> None:
     print(f"parity: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+def run_command(argv: list[str] | None, commands, description: str | None = None) -> int:
+    """`parity <argv>` with these command modules: parse and dispatch inside the boundary (`guarded`)."""
+
+    def dispatch() -> int:
+        parser = Parser(prog="parity", description=description)
+        sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+        for command in commands:
+            command.register(sub)
+        args = parser.parse_args(argv)
+        return args.handler(args)
+
+    return guarded(dispatch)
 
 
 def guarded(call) -> int:

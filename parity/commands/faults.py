@@ -10,7 +10,7 @@ from rich.table import Table
 from parity.commands.common import EXIT_PASS, Parser
 from parity.errors import ParityInputError
 from parity.faults.catalog import FAULTS
-from parity.faults.matrix import matrix_rows, run_matrix
+from parity.commands.matrix import matrix_rows, run_matrix
 from parity.graphs.modes import MODES
 from parity.harness.request import resolve_backend
 from parity.report.catalog import fault_catalog

@@ -16,6 +16,7 @@ emulated pools follow the caching allocator's placement.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                    NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS, SHORT_BUFFER,
@@ -23,6 +24,7 @@ from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTO
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
 
+SCENARIOS = Path("scenarios")
 GRAPH_MODES = tuple(m for m in MODES if m != EAGER)
 FULL_MODES = tuple(m for m in GRAPH_MODES if m.startswith("full"))
 
@@ -106,3 +108,8 @@ def resolve_faults(names) -> frozenset:
         if name not in FAULTS:
             raise ParityInputError(f"unknown fault {name!r} (known: {', '.join(FAULTS)})")
     return frozenset(names)
+
+
+def home_scenario(fault: Fault, scenarios_dir: Path = SCENARIOS) -> Path:
+    """The shipped scenario where `fault` shows (`manifests_in` is measured there)."""
+    return scenarios_dir / f"{fault.scenario}.yaml"

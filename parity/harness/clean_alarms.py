@@ -23,6 +23,7 @@ from parity.analysis.compare import compare_runs
 from parity.engine.parts import EngineParts
 from parity.graphs.modes import EAGER, MODES
 from parity.harness.modes import run_modes
+from parity.harness.release import frozen_heap
 from parity.harness.request import resolve_backend
 from parity.harness.scenario import load_scenario
 from parity.harness.simulated_numerics import simulate_padding_numerics
@@ -57,8 +58,21 @@ def clean_alarms(paths=None, seeds: int = 1, scale: float = 0.1, requests: int =
     else:
         pair = load_pair("local", target_path=pair_paths[0], draft_path=pair_paths[1], dtype=dtype, device=device)
     parts = simulate_padding_numerics(EngineParts(), scale)
+    with frozen_heap():
+        rows = _rows(pair, paths or shipped_scenarios(), seeds, requests, max_tokens, backend, device, parts, progress)
+    return {"model": model, "backend": backend, "dtype": str(dtype).removeprefix("torch."), "scale": scale,
+            "seeds": seeds, "requests": requests, "max_tokens": max_tokens, "scenarios": sorted({r["scenario"] for r in rows}),
+            "mode_runs": len(rows), "false_alarms": sum(r["verdict"] == "drift" for r in rows),
+            "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] for r in rows), default=0.0),
+            "token_flips": sum(r["token_flips"] for r in rows), "draft_flips": sum(r["draft_flips"] for r in rows),
+            "near_ties": sum(r["near_ties"] for r in rows), "rows": rows}
+
+
+def _rows(pair, paths, seeds: int, requests: int, max_tokens: int, backend: str, device, parts,
+          progress) -> list[dict]:
+    """One row per (scenario, seed, graph mode): its verdict and numerics."""
     rows = []
-    for path in paths or shipped_scenarios():
+    for path in paths:
         base = load_scenario(path)
         for seed in range(seeds):
             scenario = cut(base, seed, requests, max_tokens)
@@ -73,10 +87,4 @@ def clean_alarms(paths=None, seeds: int = 1, scale: float = 0.1, requests: int =
                              "near_ties": n.near_ties if n else 0})
             if progress is not None:
                 progress(base.name, seed, [r for r in rows if r["scenario"] == base.name and r["seed"] == seed])
-    return {"model": model, "backend": backend, "dtype": str(dtype).removeprefix("torch."), "scale": scale,
-            "seeds": seeds,
-            "requests": requests, "max_tokens": max_tokens, "scenarios": sorted({r["scenario"] for r in rows}),
-            "mode_runs": len(rows), "false_alarms": sum(r["verdict"] == "drift" for r in rows),
-            "max_abs_logprob_diff": max((r["max_abs_logprob_diff"] for r in rows), default=0.0),
-            "token_flips": sum(r["token_flips"] for r in rows), "draft_flips": sum(r["draft_flips"] for r in rows),
-            "near_ties": sum(r["near_ties"] for r in rows), "rows": rows}
+    return rows

@@ -24,6 +24,7 @@ from parity.analysis.gate import Pairing, evaluate_gate
 from parity.analysis.sources import from_acceptance
 from parity.harness.gate import engine_pairings, refuse_vacuous
 from parity.harness.modes import run_modes
+from parity.harness.release import frozen_heap
 from parity.harness.request import resolve_backend
 from parity.models.pair import load_pair
 
@@ -39,26 +40,32 @@ def measure(scenario, seeds: int, mode: str = "full", backend: str = "emulated",
     """Run `seeds` seeds of eager and `mode`; count gate failures under both nulls."""
     backend, device = resolve_backend(backend)
     pair = load_pair(model, dtype=torch.float32, device=device)
-    graph_alarms, eager_acceptance, drafts, reasons = 0, [], [], []
-    for seed in range(seeds):
-        s = dataclasses.replace(scenario, seed=seed)
-        runs = run_modes(pair, s, ("eager", mode), backend, device)
-        comparisons = compare_runs(runs, s)
-        refuse_vacuous(runs.runs, comparisons)
-        result = evaluate_gate(engine_pairings(runs, comparisons, s), s.tolerances, seed=seed)
-        if result.verdict == "drift":
-            graph_alarms += 1
-            reasons.append((seed, [c.message for c in result.failures]))
-        eager_acceptance.append(comparisons["eager"].acceptance)
-        drafts.append(comparisons["eager"].acceptance.num_drafts)
-        if progress:
-            progress(seed, result.verdict)
+    graph_alarms, eager_acceptance, reasons = 0, [], []
+    with frozen_heap():
+        for seed in range(seeds):
+            result, acceptance = _one_seed(pair, dataclasses.replace(scenario, seed=seed), mode, backend, device)
+            if result.verdict == "drift":
+                graph_alarms += 1
+                reasons.append((seed, [c.message for c in result.failures]))
+            eager_acceptance.append(acceptance)
+            if progress:
+                progress(seed, result.verdict)
     # disjoint pairs of independent eager runs: (0, 1), (2, 3), ...
     pairs = [(eager_acceptance[i], eager_acceptance[i + 1]) for i in range(0, seeds - 1, 2)]
     eager_alarms = sum(
         evaluate_gate([Pairing(from_acceptance("eager@s+1", "engine", b), from_acceptance("eager@s", "engine", a),
                                "eager@s")], scenario.tolerances).verdict == "drift" for a, b in pairs)
+    drafts = [a.num_drafts for a in eager_acceptance]
     return {"seeds": seeds, "mode": mode, "backend": backend, "alpha": scenario.tolerances.alpha,
             "graph_vs_eager_alarms": graph_alarms, "eager_vs_eager_pairs": len(pairs),
             "eager_vs_eager_alarms": eager_alarms, "mean_drafts_per_run": sum(drafts) / max(1, len(drafts)),
             "graph_alarm_reasons": reasons}
+
+
+def _one_seed(pair, scenario, mode: str, backend: str, device):
+    """(the gate's result for `mode` against eager, eager's acceptance) at the scenario's seed."""
+    runs = run_modes(pair, scenario, ("eager", mode), backend, device)
+    comparisons = compare_runs(runs, scenario)
+    refuse_vacuous(runs.runs, comparisons)
+    return (evaluate_gate(engine_pairings(runs, comparisons, scenario), scenario.tolerances, seed=scenario.seed),
+            comparisons["eager"].acceptance)

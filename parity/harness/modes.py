@@ -28,7 +28,7 @@ from parity.graphs.capacity import ShortBuffers
 from parity.graphs.factory import install_graphs, install_padded_reference, uninstall
 from parity.graphs.modes import EAGER, padding_signature
 from parity.graphs.policy import CapturePolicy
-from parity.harness.release import Stopwatch, measured
+from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.scenario import Scenario
 
 
@@ -161,17 +161,18 @@ def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: Engi
     given, gets each finished ModeRun (its memory and timing included).
     """
     runset = RunSet({}, reference_of=reference_names(modes, scenario))
-    for mode in modes:
-        runset.runs[mode] = run_mode(pair, scenario, mode, backend, device, parts, policy,
-                                     progress=_ticker(progress, mode, scenario))
-        if on_run is not None:
-            on_run(runset.runs[mode])
-    for mode, name in runset.reference_of.items():
-        if name not in runset.references:
-            runset.references[name] = run_reference(pair, scenario, mode, name, device, parts,
-                                                    progress=_ticker(progress, name, scenario))
+    with frozen_heap():
+        for mode in modes:
+            runset.runs[mode] = run_mode(pair, scenario, mode, backend, device, parts, policy,
+                                         progress=_ticker(progress, mode, scenario))
             if on_run is not None:
-                on_run(runset.references[name])
+                on_run(runset.runs[mode])
+        for mode, name in runset.reference_of.items():
+            if name not in runset.references:
+                runset.references[name] = run_reference(pair, scenario, mode, name, device, parts,
+                                                        progress=_ticker(progress, name, scenario))
+                if on_run is not None:
+                    on_run(runset.references[name])
     return runset
 
 

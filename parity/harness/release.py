@@ -26,6 +26,7 @@ engine) is gone by then.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 
@@ -49,6 +50,25 @@ def reclaim(device: torch.device) -> None:
     if clear is not None:
         clear()
     torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Leave what is alive now (modules, weights) out of the collections `reclaim` runs between runs.
+
+    A full collection walks every object of torch and transformers (~0.2 s a call
+    on a small machine, twice a run); frozen, it walks only what the runs made.
+    Inside a frozen heap (a caller's, or a forked child's) it changes nothing.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def measured(run, device: torch.device, name: str, scenario):

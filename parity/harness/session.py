@@ -20,7 +20,7 @@ from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
 from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
-from parity.harness.release import Stopwatch, measured
+from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
                                     resolve_backend, resolve_modes)
 from parity.harness.scenario import Scenario
@@ -47,18 +47,19 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
     check_plan(plan)
     with watch("load_seconds"):
         pair = load_request_pair(request, device, kv_cache_tokens(scenario))
-    runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress, on_run)
-    with watch("analysis_seconds"):
-        comparisons = compare_runs(runs, scenario)
-        check_padding(pair, scenario, device, request, runs, comparisons)
-    diagnoses = {}
-    if request.bisect:
-        drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
-        for mode in drifting:
-            padding = comparisons[mode].padding or {}
-            with watch("bisect_seconds"):
-                diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request,
-                                           padding.get("graph_equals_clean_reference", False)).as_dict()
+    with frozen_heap():
+        runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress, on_run)
+        with watch("analysis_seconds"):
+            comparisons = compare_runs(runs, scenario)
+            check_padding(pair, scenario, device, request, runs, comparisons)
+        diagnoses = {}
+        if request.bisect:
+            drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
+            for mode in drifting:
+                padding = comparisons[mode].padding or {}
+                with watch("bisect_seconds"):
+                    diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request,
+                                               padding.get("graph_equals_clean_reference", False)).as_dict()
     first = next(iter(diagnoses.values()), None)
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
                             device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
@@ -104,6 +105,11 @@ def bisect_session(request: RunRequest, mode: str | None) -> dict:
         raise ParityInputError("--mode eager: eager is the reference; bisect a graph mode")
     check_plan(plan_request(request, scenario, resolve_modes(request.modes, scenario), device))
     pair = load_request_pair(request, device, kv_cache_tokens(scenario))
+    with frozen_heap():
+        return _bisect_loaded(pair, scenario, mode, backend, device, request)
+
+
+def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, device, request: RunRequest) -> dict:
     if mode is None:
         modes = resolve_modes(request.modes, scenario)
         runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy)

@@ -142,6 +142,7 @@ def patched_tree(tree: Path, patch: Path, work: Path) -> str | None:
 
 
 def parity(work: Path, args: list[str], timeout: int) -> tuple[int, str]:
+    """`parity <args>` on the patched tree in `work`, in a fresh interpreter: (exit code, output tail)."""
     env = dict(os.environ, PYTHONPATH=str(work) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -150,6 +151,38 @@ def parity(work: Path, args: list[str], timeout: int) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         return 124, f"timed out after {timeout} s"
     return done.returncode, (done.stdout + done.stderr)[-4000:]
+
+
+def import_patched(work: Path):
+    """In a forked child: forget this process's eagle-parity and import the patched tree's in its place.
+
+    torch, transformers and the rest stay imported (the 4-8 s a fresh interpreter
+    pays); only eagle-parity's own modules (~0.2 s) are read again, from `work`.
+    Its torch custom ops are unregistered first, so the patched modules register
+    theirs afresh. Returns a runner with `parity`'s signature, called in process.
+    """
+    import contextlib
+    import io
+
+    import torch
+    from torch._library.custom_ops import OPDEFS
+
+    for name in [n for n in OPDEFS if n.startswith("parity::")]:
+        OPDEFS[name]._lib._destroy()
+    for name in [m for m in sys.modules if m == "parity" or m.startswith("parity.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(work))
+    os.chdir(work)
+    torch.set_num_threads(1)
+    from parity.cli import main
+
+    def run(_work: Path, args: list[str], _timeout: int) -> tuple[int, str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = main(args)
+        return code, out.getvalue()[-4000:]
+
+    return run
 
 
 def run_args(bug: Bug, backend: str, out: Path, modes: list[str], bisect: bool = True) -> list[str]:
@@ -206,9 +239,18 @@ def found_text(views: dict) -> str:
     return "; ".join(f"{','.join(modes)}: {text}" for text, modes in groups.items()) or "-"
 
 
-def run_bug(bug: Bug, tree: Path, backend: str, timeout: int, keep: Path | None) -> dict:
-    result = {"id": bug.id, "class": bug.cls, "site": bug.site, "scenario": bug.scenario, "modes": bug.modes,
-              "clean_modes": bug.clean_modes, "expected": bug.expected, "description": bug.description}
+def header(bug: Bug) -> dict:
+    return {"id": bug.id, "class": bug.cls, "site": bug.site, "scenario": bug.scenario, "modes": bug.modes,
+            "clean_modes": bug.clean_modes, "expected": bug.expected, "description": bug.description}
+
+
+def run_bug(bug: Bug, tree: Path, backend: str, timeout: int, keep: Path | None, forked: bool = False) -> dict:
+    """Patch a copy of `tree` with `bug` and grade what `parity` says of it.
+
+    `forked`: this is a child forked for this bug alone; the patched tree is
+    imported into it and the commands run in process (emulated backend only).
+    """
+    result = header(bug)
     if backend not in bug.backends:
         return {**result, "grade": SKIPPED, "found": f"not on {backend}", "seconds": 0.0}
     started = time.time()
@@ -218,7 +260,8 @@ def run_bug(bug: Bug, tree: Path, backend: str, timeout: int, keep: Path | None)
         if error:
             grade, found, extra = NO_APPLY, error.splitlines()[0], {}
         else:
-            grade, found, extra = GRADERS[bug.cls](bug, work, backend, timeout)
+            runner = import_patched(work) if forked else parity
+            grade, found, extra = GRADERS[bug.cls](bug, work, backend, timeout, runner)
     finally:
         if keep is not None:
             shutil.copytree(work, keep / bug.id, symlinks=True, dirs_exist_ok=True)
@@ -226,7 +269,25 @@ def run_bug(bug: Bug, tree: Path, backend: str, timeout: int, keep: Path | None)
     return {**result, "grade": grade, "found": found, **extra, "seconds": round(time.time() - started, 1)}
 
 
-def _graph(bug: Bug, work: Path, backend: str, timeout: int):
+def grade_bugs(bugs: list[Bug], tree: Path, backend: str, jobs: int = 2, timeout: int = 900,
+               keep: Path | None = None) -> list[dict]:
+    """Every bug graded, `jobs` at a time: on the emulated backend each in a child forked from this process
+    (torch already imported), on CUDA, or once this process has initialised CUDA (neither survives a fork),
+    through fresh interpreters."""
+    import parity.cli  # noqa: F401 - torch, transformers and the rest imported once, before the forks
+    from parity.harness.forked import ForkedError, fork_map, forkable
+
+    if backend != "emulated" or not forkable():
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            return list(pool.map(lambda b: run_bug(b, tree, backend, timeout, keep), bugs))
+
+    outcomes = fork_map(lambda b: run_bug(b, tree, backend, timeout, keep, forked=True), bugs, jobs,
+                        timeout=timeout, return_errors=True)
+    return [{**header(b), "grade": ERROR, "found": str(o).splitlines()[-1][:200], "output": str(o)[-4000:],
+             "seconds": 0.0} if isinstance(o, ForkedError) else o for b, o in zip(bugs, outcomes)]
+
+
+def _graph(bug: Bug, work: Path, backend: str, timeout: int, parity=parity):
     rc, tail = parity(work, run_args(bug, backend, work / "out", bug.modes + bug.clean_modes), timeout)
     if rc not in (0, 1):
         return ERROR, f"parity run exited {rc}", {"output": tail}
@@ -235,7 +296,7 @@ def _graph(bug: Bug, work: Path, backend: str, timeout: int):
     return grade, found_text(views), {"per_mode": views}
 
 
-def _refactor(bug: Bug, work: Path, backend: str, timeout: int):
+def _refactor(bug: Bug, work: Path, backend: str, timeout: int, parity=parity):
     rc, tail = parity(work, run_args(bug, backend, work / "out", bug.modes), timeout)
     if rc not in (0, 1):
         return ERROR, f"parity run exited {rc}", {"output": tail}
@@ -245,7 +306,7 @@ def _refactor(bug: Bug, work: Path, backend: str, timeout: int):
     return (FALSE_ALARM if drifting else CLEAN), (found_text(views) if drifting else "all pass"), {"per_mode": views}
 
 
-def _eager(bug: Bug, work: Path, backend: str, timeout: int):
+def _eager(bug: Bug, work: Path, backend: str, timeout: int, parity=parity):
     rc, tail = parity(work, run_args(bug, backend, work / "out", bug.modes, bisect=False), timeout)
     if rc not in (0, 1):
         return ERROR, f"parity run exited {rc}", {"output": tail}
@@ -317,9 +378,7 @@ def main(argv=None) -> int:
             parser.error(f"unknown bug(s): {', '.join(sorted(unknown))}")
         bugs = [b for b in bugs if b.id in args.only]
     started = time.time()
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda b: run_bug(b, args.tree.resolve(), args.backend, args.timeout, args.keep),
-                                bugs))
+    results = grade_bugs(bugs, args.tree.resolve(), args.backend, args.jobs, args.timeout, args.keep)
     elapsed = time.time() - started
     summary = totals(results)
     render(results, summary, args.backend, elapsed)
