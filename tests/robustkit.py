@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -83,10 +84,11 @@ def complete_run(folder: Path) -> bool:
 
 # --- forked processes -------------------------------------------------------------------------------
 
-def fork_main(argv: list[str], cwd: Path, logs: Path, before=None) -> int:
+def fork_main(argv: list[str], cwd: Path, logs: Path, before=None, encoding: str | None = None) -> int:
     """Run `parity <argv>` in a forked child (cwd `cwd`, output in logs/<pid>.out|err); its pid.
 
-    `before()` runs in the child first (to patch something in that process only).
+    `before()` runs in the child first (to patch something in that process only); `encoding` is its
+    stdout's (PYTHONIOENCODING's effect), UTF-8 when None.
     """
     logs.mkdir(parents=True, exist_ok=True)
     pid = os.fork()
@@ -96,7 +98,8 @@ def fork_main(argv: list[str], cwd: Path, logs: Path, before=None) -> int:
     try:
         os.chdir(cwd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        with open(logs / f"{os.getpid()}.out", "w") as out, open(logs / f"{os.getpid()}.err", "w") as err:
+        with open(logs / f"{os.getpid()}.out", "w", encoding=encoding or "utf-8") as out, \
+                open(logs / f"{os.getpid()}.err", "w") as err:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 try:
                     if before is not None:
@@ -114,11 +117,12 @@ def fork_main(argv: list[str], cwd: Path, logs: Path, before=None) -> int:
 TERMINAL_VARIABLES = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
 
 
-def forked_cli(argv: list[str], cwd: Path = ROOT, **env: str) -> tuple[int, str, str]:
+def forked_cli(argv: list[str], cwd: Path = ROOT, encoding: str | None = None, **env: str) -> tuple[int, str, str]:
     """`parity <argv>` as a process of its own with its output on pipes-like files: (exit code, stdout, stderr).
 
     The child starts from a terminal-neutral environment (80 columns, no colour
-    variables) updated with `env`, as `COLUMNS=80 python -m parity ...` would.
+    variables) updated with `env`, as `COLUMNS=80 python -m parity ...` would;
+    `encoding` is its stdout's, as PYTHONIOENCODING sets it.
     """
     logs = Path(tempfile.mkdtemp(prefix="parity-cli-"))
 
@@ -128,11 +132,36 @@ def forked_cli(argv: list[str], cwd: Path = ROOT, **env: str) -> tuple[int, str,
         os.environ.update({"COLUMNS": "80", **env})
 
     try:
-        pid = fork_main(argv, cwd, logs, before=environment)
+        pid = fork_main(argv, cwd, logs, before=environment, encoding=encoding)
         code = wait(pid)
-        return code, log(logs, pid, "out"), log(logs, pid, "err")
+        out = (logs / f"{pid}.out").read_text(encoding=encoding or "utf-8") if (logs / f"{pid}.out").exists() else ""
+        return code, out, log(logs, pid, "err")
     finally:
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def fork_with_stdout_pipe(argv: list[str], cwd: Path, lines_to_read: int) -> tuple[int, list[str]]:
+    """`parity <argv>` in a forked child whose stdout is a pipe: this process reads `lines_to_read` lines (0:
+    none) and closes its end, as `| head -N` does. (exit code, the lines read)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(read_end)
+            os.chdir(cwd)
+            os.dup2(write_end, 1)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(os.devnull, "w")
+            code = main(argv)
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    lines = []
+    with os.fdopen(read_end) as reader:
+        for _ in range(lines_to_read):
+            lines.append(reader.readline())
+    return wait(pid), lines
 
 
 def wait(pid: int, timeout: float = 120.0) -> int:

@@ -15,8 +15,8 @@ are the folders under parity/; the rules say which rooms each may import:
     training   -> training, models, engine
     audit      -> audit, graphs             (the public API for other engines' graphs)
     commands   -> anything
-and only commands import faults or training. `errors` and the package itself
-(`parity.__version__`) are open to all.
+and only commands import faults or training. `errors`, `files` (the one reader
+of user files) and the package itself (`parity.__version__`) are open to all.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from parity.graphs.policy import CapturePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "parity"
-OPEN = {"errors", ""}
+OPEN = {"errors", "files", ""}
 ALLOWED = {
     "models": {"models"},
     "graphs": {"graphs", "models"},
@@ -79,7 +79,7 @@ def imports_of(path: Path, name: str, known) -> set[str]:
 
 
 def room(module: str) -> str:
-    """The folder a module lives in under parity/; '' for the entry points, 'errors' for errors.py."""
+    """The folder a module lives in under parity/; '' for the entry points, 'errors' / 'files' for those files."""
     parts = module.split(".")
     if len(parts) == 2 and parts[1] in ("cli", "__main__"):
         return ""
@@ -96,7 +96,10 @@ def test_layers_import_only_what_they_may(graph):
     broken = []
     for name, deps in graph.items():
         own = room(name)
-        if own in ("commands", "", "errors"):     # commands and entry points on top; errors imports nothing
+        if own in ("commands", ""):     # commands and entry points on top
+            continue
+        if own in ("errors", "files"):  # open to all, so they import nothing of ours but errors
+            assert deps <= {"parity.errors"}, f"{name} imports {sorted(deps - {'parity.errors'})}"
             continue
         assert own in ALLOWED, f"room {own!r} has no layer rule: add one here and in docs/architecture.md"
         broken += [f"{name} -> {dep}" for dep in deps
@@ -131,7 +134,7 @@ def test_top_level_holds_only_the_entry_points():
     names = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
     files = {n for n in names if (PACKAGE / n).is_file()}
     # py.typed: the marker that lets other projects' type checkers read parity.audit's annotations.
-    assert files == {"__init__.py", "__main__.py", "cli.py", "errors.py", "py.typed"}
+    assert files == {"__init__.py", "__main__.py", "cli.py", "errors.py", "files.py", "py.typed"}
 
 
 @pytest.mark.parametrize("room_name", CLEAN_ROOMS)

@@ -17,7 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzzcases import COUNTS, KINDS, OUTCOMES, baseline_setup
+import fuzzcases
+import fuzzenv
+from fuzzcases import COUNTS, OUTCOMES, baseline_setup
+
+KINDS = {**fuzzcases.KINDS, **fuzzenv.KINDS}
 
 SECONDS = float(os.environ.get("FUZZ_SECONDS") or 0)
 SOAK_CHUNK = 50

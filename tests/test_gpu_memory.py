@@ -60,6 +60,6 @@ def test_a_session_with_a_bisection_leaves_the_device_as_it_found_it():
     request = RunRequest("tiny-llama3-eagle", SCENARIO, ("eager", "full"), "cuda", parts=parts, policy=policy)
     outcome = run_session(request)
     assert outcome.summary["verdict"] == "drift" and outcome.summary["diagnoses"]["full"]["kind"] != "NONE"
-    assert outcome.summary["modes"]["full"]["memory"]["leftover_bytes"] == 0
+    assert outcome.summary["measured"]["memory"]["full"]["leftover_bytes"] == 0
     reclaim(DEVICE)
     assert torch.cuda.memory_allocated(DEVICE) == before

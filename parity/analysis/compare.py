@@ -11,8 +11,10 @@ Nothing here reads which modes exist beyond the runs it is given.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from parity.analysis import stats
@@ -20,6 +22,7 @@ from parity.analysis.draft_parity import draft_parity
 from parity.analysis.metrics import Acceptance, acceptance, wilson_interval
 from parity.analysis.numerics import Numerics, numerics, parted_streams, stream_splits
 from parity.analysis.reference_parity import ReferenceParity, describe, reference_parity
+from parity.errors import ParityInputError
 
 EAGER = "eager"
 NOT_EXERCISED = "not_exercised"
@@ -79,7 +82,8 @@ def _logprob_deltas(ref: pd.DataFrame, other: pd.DataFrame, splits: dict) -> tup
     merged = merged[merged["output_index"] < limit]
     if merged.empty:
         return 0.0, 0.0, None
-    delta = (merged.logprob_ref - merged.logprob_mode).abs()
+    # NOTE: NaN against a number is as far apart as two logprobs get (eager's are finite: compare_runs checks).
+    delta = (merged.logprob_ref - merged.logprob_mode).abs().fillna(math.inf)
     at = merged.loc[delta.idxmax()]
     return float(delta.max()), float(delta.mean()), {
         "req_id": int(at.req_id), "output_index": int(at.output_index), "position": int(at.position_ref)}
@@ -127,6 +131,11 @@ def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
     if EAGER not in runs:
         raise ValueError("the eager run is the reference of numerics and must be present")
     eager = runs[EAGER].result
+    broken = int((~np.isfinite(eager.tokens["logprob"].to_numpy(dtype=float))).sum())
+    if broken:
+        raise ParityInputError(f"the eager run emitted {broken} token(s) with a NaN or infinite logprob: the model "
+                               f"computes NaN with these weights and this config (rope_theta, rms_norm_eps, ...); "
+                               f"parity cannot be judged on it")
     k, tol = scenario.num_speculative_tokens, scenario.tolerances
     # The family is every position of every graph mode: Holm within a mode at alpha / (graph modes).
     alpha = tol.alpha / max(1, len(runs) - 1)

@@ -50,8 +50,7 @@ def build_summary(*, model: str, model_checksum: str, scenario, backend: str, de
         "verdict": verdict,
         "modes": modes,
         "divergences": divergences,
-        "references": {name: {"modes": [m for m, r in runs.reference_of.items() if r == name],
-                              "memory": getattr(runs.references[name], "memory", None)}
+        "references": {name: {"modes": [m for m, r in runs.reference_of.items() if r == name]}
                        for name in runs.references},
         "diagnosis": diagnosis,
     }
@@ -85,8 +84,6 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
         "short_buffers": getattr(run, "short_buffers", None),
         "capture": run.capture,
         "graph_replays": run.graph_replays,
-        "memory": getattr(run, "memory", None),     # CUDA: baseline, peak and leftover bytes of the run
-        "timing": getattr(run, "timing", None),
         "reference": reference_summary(cmp),
         "numerics": cmp.numerics.as_dict() if cmp.numerics is not None else None,
     }

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from parity.commands.common import EXIT_PASS, console
+from parity.commands.common import EXIT_PASS, console, count
 from parity.errors import ParityInputError
 from parity.harness.bench_scale import run_figures, scale_forwards, time_scale_run
 from parity.harness.release import reclaim
@@ -30,8 +30,8 @@ def register_scale(suites) -> None:
     sc.add_argument("--skip-run", action="store_true", help="forwards only")
     sc.add_argument("--skip-forwards", action="store_true", help="the run only")
     sc.add_argument("--batches", default="1,8,32", help="batch sizes of the per-forward figures")
-    sc.add_argument("--max-model-len", type=int, default=512)
-    sc.add_argument("--forward-iters", type=int, default=20, help="timed iterations per forward")
+    sc.add_argument("--max-model-len", type=count, default=512)
+    sc.add_argument("--forward-iters", type=count, default=20, help="timed iterations per forward")
     sc.add_argument("--json", dest="scale_json", default="reports/bench-scale.json",
                     help="where to write every figure")
 

@@ -40,6 +40,7 @@ import torch
 
 import parity
 from parity.commands.common import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, Parser
+from parity.commands.streams import surviving_stdout
 from parity.errors import ParityInputError, Terminated
 
 OOM_HINT = ("lower max_num_seqs, max_num_batched_tokens or max_model_len (or list fewer capture_sizes) in the "
@@ -75,7 +76,8 @@ def run_command(argv: list[str] | None, commands, description: str | None = None
         args = parser.parse_args(argv)
         return args.handler(args)
 
-    return guarded(dispatch)
+    with surviving_stdout():
+        return guarded(dispatch)
 
 
 def guarded(call) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from rich.console import Console
@@ -24,6 +25,56 @@ class Parser(argparse.ArgumentParser):
         raise ParityInputError(f"{self.prog}: {message}")
 
 
+# Numeric options, checked as they are parsed (one line, exit 2), before anything runs: a NaN or an
+# infinity compares False with every bound, so each type says what it accepts rather than what it refuses.
+MAX_OPTION_COUNT = 1 << 20
+
+
+def count(text: str) -> int:
+    """An integer in 1..2**20 (iterations, seeds, requests, tokens)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_OPTION_COUNT:
+        raise argparse.ArgumentTypeError(f"must be in 1..{MAX_OPTION_COUNT}, got {value}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """A finite number >= 0 (a scale, a temperature)."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def positive(text: str) -> float:
+    """A finite number > 0 (a size in GiB, seconds)."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def gibibytes(text: str) -> float:
+    """A memory size in GiB: > 0 and at most 2**20 (a pebibyte: past any device)."""
+    value = positive(text)
+    if value > MAX_OPTION_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_OPTION_COUNT} GiB, got {text!r}")
+    return value
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-llama3-eagle", help="zoo name (see `parity models list`)")
     p.add_argument("--scenario", default=DEFAULT_SCENARIO, help="scenario YAML file")
@@ -38,21 +89,26 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-path", default=None, help="local folder of the draft head checkpoint")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights dtype (auto: float32 for embedded pairs, bfloat16 for real ones on GPU)")
-    p.add_argument("--simulate-padding-numerics", type=float, default=0.0, metavar="SCALE",
+    p.add_argument("--simulate-padding-numerics", type=non_negative, default=0.0, metavar="SCALE",
                    help="test seam: padded forwards (graphs and their references, never eager) move their logits "
                         "by SCALE x a fixed function of the padded shape, as bf16 kernels on a GPU do "
                         "(docs/verdicts.md)")
 
 
 def requested_modes(text: str | None) -> tuple[str, ...] | None:
-    return None if text in (None, "", "all") else tuple(m.strip() for m in text.split(","))
+    """None for every mode ('all'); else the named modes. An empty list names none: it is refused, not read
+    as 'all'."""
+    if text is None or text.strip() == "all":
+        return None
+    modes = tuple(m.strip() for m in text.split(","))
+    if not all(modes):
+        raise ParityInputError(f"--modes {text!r}: an empty mode name; give comma-separated modes or 'all'")
+    return modes
 
 
 def engine_parts(args) -> dict:
     """The engine parts and capture policy: every `--inject`ed fault applied, and the numerics seam if asked."""
     resolve_faults(args.inject)
-    if args.simulate_padding_numerics < 0:
-        raise ParityInputError(f"--simulate-padding-numerics must be >= 0, got {args.simulate_padding_numerics}")
     parts, policy = apply(list(dict.fromkeys(args.inject)))
     return {"parts": simulate_padding_numerics(parts, args.simulate_padding_numerics), "policy": policy}
 

@@ -7,8 +7,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from parity.commands.common import EXIT_PASS, Parser
-from parity.errors import ParityInputError
+from parity.commands.common import EXIT_PASS, Parser, non_negative
 from parity.faults.catalog import FAULTS
 from parity.commands.matrix import matrix_rows, run_matrix
 from parity.graphs.modes import MODES
@@ -25,7 +24,7 @@ def register(sub) -> None:
     matrix.add_argument("--backend", default="auto", choices=["auto", "cuda", "emulated"])
     matrix.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights dtype of every run (as `parity run --dtype`)")
-    matrix.add_argument("--simulate-padding-numerics", type=float, default=0.0, metavar="SCALE",
+    matrix.add_argument("--simulate-padding-numerics", type=non_negative, default=0.0, metavar="SCALE",
                         help="run every fault under the padding-numerics test seam (as `parity run`)")
     matrix.add_argument("--markdown", action="store_true", help="print a Markdown table")
     faults.set_defaults(handler=main)
@@ -42,8 +41,6 @@ def main(args) -> int:
 def matrix(args) -> int:
     """Inject each fault on its home scenario, run every mode, and tabulate what was found."""
     backend, _ = resolve_backend(args.backend)
-    if args.simulate_padding_numerics < 0:
-        raise ParityInputError(f"--simulate-padding-numerics must be >= 0, got {args.simulate_padding_numerics}")
     extra = ("--dtype", args.dtype, "--simulate-padding-numerics", str(args.simulate_padding_numerics))
     rows = matrix_rows(run_matrix(args.model, backend, progress=lambda n: print(f"  {n} done", file=sys.stderr),
                                   extra=extra))

@@ -164,14 +164,14 @@ def report(steps: Steps, summary: Path, bench: Path, injected: dict[str, Path] |
               for name, seconds, code in steps.done]
     if summary.is_file():
         s = json.loads(summary.read_text())
-        timing, plan = s.get("timing") or {}, (s.get("memory_plan") or {}).get("modes", {})
+        measured = s.get("measured") or {}
+        timing, plan = measured.get("timing") or {}, (measured.get("memory_plan") or {}).get("modes", {})
         lines += ["", f"run {s['scenario']} ({s['model']}, {s['device']}): {s['verdict'].upper()}; load "
                   f"{timing.get('load_seconds')} s, analysis {timing.get('analysis_seconds')} s",
                   f"{'run':<20} {'verdict':>7} {'len':>6} {'capture s':>9} {'run s':>7} {'peak GiB':>8} "
                   f"{'rsv GiB':>8} {'plan GiB':>8} {'leftover':>9}"]
-        entries = {**s["modes"], **(s.get("references") or {})}
         for name, t in (timing.get("runs") or {}).items():
-            m, entry = entries.get(name, {}).get("memory") or {}, s["modes"].get(name, {})
+            m, entry = (measured.get("memory") or {}).get(name) or {}, s["modes"].get(name, {})
             gib = lambda b: f"{b / 2**30:8.2f}" if b is not None else f"{'-':>8}"  # noqa: E731
             length = entry.get("mean_acceptance_length")
             lines.append(f"{name:<20} {entry.get('verdict', '-'):>7} {f'{length:.3f}' if length else '-':>6} "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from parity.commands.common import EXIT_PASS, console
+from parity.commands.common import EXIT_PASS, console, gibibytes
 from parity.harness.plan import check_plan, plan_of
 from parity.report.memory import render_plan, run_line
 
@@ -15,7 +15,7 @@ def add_memory_options(p) -> None:
                         "2 when it does not")
     p.add_argument("--verbose", action="store_true",
                    help="one line per run: capture and run seconds, peak and leftover device memory")
-    p.add_argument("--device-memory", type=float, default=None, metavar="GIB",
+    p.add_argument("--device-memory", type=gibibytes, default=None, metavar="GIB",
                    help="plan against a device with this much free memory instead of measuring it")
 
 
@@ -39,6 +39,7 @@ def print_run(run) -> None:
 
 def print_session(summary: dict) -> None:
     """--verbose: load, analysis and bisection seconds after the runs."""
-    timing = summary.get("timing") or {}
-    spent = ", ".join(f"{k.removesuffix('_seconds')} {v:.2f} s" for k, v in timing.items() if k != "runs")
+    timing = (summary.get("measured") or {}).get("timing") or {}
+    spent = ", ".join(f"{k.removesuffix('_seconds')} {v:.2f} s" for k, v in timing.items()
+                      if k.endswith("_seconds"))
     print(f"session: {spent}", flush=True)

@@ -26,7 +26,7 @@ READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, console
 from parity.engine.config import MAX_K
 from parity.errors import ParityInputError
-from parity.harness.prompts import is_file, read_text_file
+from parity.files import is_file, read_text_file
 from parity.report.artifacts import is_staging
 from parity.report.console import render
 from parity.report.diagnosis import diagnoses_view
@@ -78,6 +78,10 @@ def load_summary(folder: Path) -> dict:
     return summary
 
 
+# Every verdict a summary can hold (analysis/summary.py); a summary saying anything else renders no banner.
+VERDICTS = ("pass", "drift", "not_exercised")
+
+
 def check_summary(summary, path: Path) -> None:
     """The fields every renderer relies on: schema version, K, and per mode K acceptance figures."""
     if not isinstance(summary, dict) or not isinstance(summary.get("modes"), dict) or not summary["modes"]:
@@ -85,6 +89,9 @@ def check_summary(summary, path: Path) -> None:
     if summary.get("schema_version") not in READABLE_SCHEMAS:
         raise ParityInputError(f"{path}: summary schema {repr(summary.get('schema_version'))[:20]}, this version "
                                f"reads {', '.join(map(str, READABLE_SCHEMAS))}")
+    if summary.get("verdict") not in VERDICTS:
+        raise ParityInputError(f"{path}: 'verdict' must be one of {', '.join(VERDICTS)}, "
+                               f"got {repr(summary.get('verdict'))[:40]}")
     k = summary.get("k")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
         raise ParityInputError(f"{path}: 'k' must be an integer in 1..{MAX_K}, got {str(k)[:20]}")
@@ -92,5 +99,8 @@ def check_summary(summary, path: Path) -> None:
         rates = m.get("acceptance_per_position") if isinstance(m, dict) else None
         numbers = isinstance(rates, list) and all(isinstance(r, (int, float)) and not isinstance(r, bool)
                                                   for r in rates)
+        if not isinstance(m, dict) or m.get("verdict") not in VERDICTS:
+            raise ParityInputError(f"{path}: mode {mode[:40]!r}: 'verdict' must be one of {', '.join(VERDICTS)}, "
+                                   f"got {repr(m.get('verdict') if isinstance(m, dict) else m)[:40]}")
         if not numbers or len(rates) != k or not isinstance(m.get("num_drafts"), int):
             raise ParityInputError(f"{path}: mode {mode[:40]!r} needs num_drafts and {k} acceptance rates")

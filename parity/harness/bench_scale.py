@@ -121,11 +121,11 @@ def scale_forwards(pair, device, batches=(1, 8, 32), iters: int = 20, max_model_
 
 def run_figures(summary: dict, wall_seconds: float | None = None) -> dict:
     """A run's breakdown from its summary.json: time (load, capture and run per mode, analysis) and memory."""
-    timing = summary.get("timing") or {}
+    measured = summary.get("measured") or {}
+    timing = measured.get("timing") or {}
     runs = timing.get("runs") or {}
-    memory = {name: m["memory"] for name, m in summary["modes"].items()}
-    memory.update({name: r.get("memory") for name, r in (summary.get("references") or {}).items()})
-    plan = summary.get("memory_plan") or {}
+    memory = measured.get("memory") or {}
+    plan = measured.get("memory_plan") or {}
     return {
         "model": summary["model"], "scenario": summary["scenario"], "verdict": summary["verdict"],
         "wall_seconds": wall_seconds,

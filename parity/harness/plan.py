@@ -236,6 +236,12 @@ def plan_pair(target_dir, draft_dir, dtype: torch.dtype, scenario, modes, device
     """The plan for the checkpoints in two folders (their config.json only), with the budget; None when a
     config is missing or malformed (the loader then names the file)."""
     target, head = memory._config(target_dir), memory._config(draft_dir)
+    context = target.get("max_position_embeddings")
+    if context and scenario.max_model_len > context:
+        # NOTE: past the model's context RoPE has no trained positions, and the paged attention walks a
+        # context that long at every step: hours on a CPU. vLLM refuses it the same way.
+        raise ParityInputError(f"{scenario.path}: max_model_len {scenario.max_model_len} exceeds the model's "
+                               f"context ({context}, max_position_embeddings in {target_dir}/config.json)")
     try:
         plan = make_plan(target, head, dtype, scenario, modes, model, shared_pool)
     except (KeyError, TypeError, ZeroDivisionError):

@@ -1,52 +1,12 @@
-"""Prompt sets (JSONL) and the reading of user text files: UTF-8 or one line saying where it is not.
-
-A user's file may be anything: another encoding (Latin-1, UTF-16), binary
-junk, a gigabyte, a folder, a name no file can have. Each comes back as one
-ParityInputError line naming the file and, when it helps, the line, never as
-a UnicodeDecodeError or OSError traceback. Values quoted in messages go
-through `show`, which cuts long and deeply nested values short.
-"""
+"""Prompt sets (JSONL): one (id, text) per line, or one line naming the file and line that is not."""
 
 from __future__ import annotations
 
 import json
-import reprlib
 from pathlib import Path
 
 from parity.errors import ParityInputError
-
-MAX_FILE_BYTES = 16 << 20    # a scenario or a prompt set larger than this is not one
-_SHOW = reprlib.Repr()
-_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring, _SHOW.maxother = 3, 8, 8, 60, 60
-
-
-def show(value) -> str:
-    """A value for a message: its repr cut short (files can hold huge or self-repeating values)."""
-    return _SHOW.repr(value)
-
-
-def is_file(path: Path) -> bool:
-    """Path.is_file() that answers False for names no file can have (NUL bytes, too long)."""
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
-
-
-def read_text_file(path: Path, what: str) -> str:
-    """A UTF-8 text file (a BOM is allowed), or one ParityInputError line saying what is wrong and where."""
-    try:
-        data = path.read_bytes() if path.stat().st_size <= MAX_FILE_BYTES else None
-    except OSError as exc:
-        raise ParityInputError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
-    if data is None:
-        raise ParityInputError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a {what}")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ParityInputError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
-                               f"a {what} is a UTF-8 text file") from None
+from parity.files import read_text_file, show
 
 
 def read_prompts(path: Path) -> list[tuple[str, str]]:
@@ -57,10 +17,19 @@ def read_prompts(path: Path) -> list[tuple[str, str]]:
             continue
         try:
             item = json.loads(line)
-            prompt = (str(item.get("id", f"p{len(prompts)}")), str(item["text"]))
-            "".join(prompt).encode("utf-8")        # lone surrogates ("\ud800") are not text a tokenizer takes
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError, RecursionError):
+        except (json.JSONDecodeError, RecursionError):
             raise ParityInputError(f"{path}:{number}: expected a JSON object with a 'text' field") from None
+        if not isinstance(item, dict) or "text" not in item:
+            raise ParityInputError(f"{path}:{number}: expected a JSON object with a 'text' field")
+        text, ident = item["text"], item.get("id", f"p{len(prompts)}")
+        # NOTE: no coercion: a number or null where text belongs is a broken file, not the prompt "5" or "None".
+        if not isinstance(text, str) or not text:
+            raise ParityInputError(f"{path}:{number}: 'text' must be a non-empty string, got {show(text)}")
+        if not isinstance(ident, (str, int)) or isinstance(ident, bool):
+            raise ParityInputError(f"{path}:{number}: 'id' must be a string or an integer, got {show(ident)}")
+        prompt = (str(ident), text)
+        try:
+            "".join(prompt).encode("utf-8")        # lone surrogates ("\ud800") are not text a tokenizer takes
         except UnicodeEncodeError:
             raise ParityInputError(f"{path}:{number}: the text holds an unpaired surrogate escape "
                                    f"(e.g. \\ud800): not valid Unicode") from None

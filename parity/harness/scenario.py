@@ -22,7 +22,8 @@ import yaml
 from parity.analysis.tolerances import Tolerances
 from parity.errors import ParityInputError
 from parity.graphs.modes import MODES
-from parity.harness.prompts import is_file, read_prompts, read_text_file, show
+from parity.files import is_file, read_text_file, show
+from parity.harness.prompts import read_prompts
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ _LISTS = {"arrivals", "capture_sizes", "modes", "sliding_window"}
 _TOLERANCE_KEYS = {f.name: f.type for f in fields(Tolerances)}
 MAX_COUNT = 1 << 20          # requests, tokens, sizes: a million is past any scenario this harness runs
 MAX_SEED = (1 << 63) - 1     # seeds are folded into int64 arithmetic
+# NOTE: bounds on time, not memory (the memory plan bounds that): a KV block larger than vLLM's largest is
+# no cache layout an engine uses, and the work of a run grows with the tokens it emits; a million-token
+# block or a million requests of a million tokens each "fit" and then run for hours.
+MAX_BLOCK_SIZE = 1024
+MAX_TOTAL_TOKENS = 1 << 22
 
 class _Checker:
     def __init__(self, path: Path):
@@ -167,6 +173,11 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
     for key in ("num_requests", "max_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",
                 "max_model_len"):
         _positive(check, nodes, raw, key)
+    if raw.get("block_size", 16) > MAX_BLOCK_SIZE:
+        check.fail(node("block_size"), f"block_size must be at most {MAX_BLOCK_SIZE} tokens, got {raw['block_size']}")
+    if raw.get("block_size", 16) > raw.get("max_model_len", 256):
+        check.fail(node("block_size"), f"block_size {raw.get('block_size', 16)} is larger than max_model_len "
+                                       f"{raw.get('max_model_len', 256)}")
     k = raw.get("num_speculative_tokens", 3)
     if not 1 <= k <= 32:
         check.fail(node("num_speculative_tokens"), f"num_speculative_tokens must be in 1..32, got {k}")
@@ -182,6 +193,10 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
         check.fail(node("prompts"), f"prompts file {prompts_path} not found")
     prompts = read_prompts(prompts_path)
     num_requests = raw.get("num_requests", len(prompts))
+    if num_requests * raw.get("max_tokens", 32) > MAX_TOTAL_TOKENS:
+        check.fail(node("max_tokens") or node("num_requests"),
+                   f"num_requests x max_tokens = {num_requests * raw.get('max_tokens', 64)} output tokens: more "
+                   f"than {MAX_TOTAL_TOKENS} is hours of work, not a parity scenario")
 
     arrivals = _arrivals(check, node("arrivals"), raw.get("arrivals", [0]), num_requests)
     sizes = _capture_sizes(check, node("capture_sizes"), raw.get("capture_sizes"))

@@ -60,15 +60,27 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
                 with watch("bisect_seconds"):
                     diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request,
                                                padding.get("graph_equals_clean_reference", False)).as_dict()
+    # NOTE: a diagnosis' seconds go with the other measured figures, not into the diagnosis itself.
+    bisect_seconds = {mode: (d.pop("timing", None) or {}).get("bisect_seconds") for mode, d in diagnoses.items()}
     first = next(iter(diagnoses.values()), None)
     summary = build_summary(model=pair.name, model_checksum=pair.checksum(), scenario=scenario, backend=backend,
                             device=str(device), comparisons=comparisons, runs=runs, tokenizer=pair.tokenizer,
                             **checkpoint_paths(pair),
                             diagnosis=first)
     summary["diagnoses"] = diagnoses
-    summary["memory_plan"] = plan.as_dict() if plan is not None else None
-    summary["timing"] = {**watch.seconds, "runs": {name: run.timing for name, run in runs.all_runs().items()}}
+    summary["measured"] = measured_block(watch, runs, plan, bisect_seconds)
     return RunOutcome(summary, runs, scenario)
+
+
+def measured_block(watch: Stopwatch, runs: RunSet, plan, bisect_seconds: dict) -> dict:
+    """Everything in a summary that depends on the machine and the moment, in one block: seconds, device
+    memory, the memory plan (its budget is what was free). Two runs of the same request give summaries
+    equal byte for byte but for `created` and this block."""
+    every = runs.all_runs()
+    return {"timing": {**watch.seconds, "runs": {name: run.timing for name, run in every.items()},
+                       "bisect_by_mode": bisect_seconds},
+            "memory": {name: run.memory for name, run in every.items()},
+            "memory_plan": plan.as_dict() if plan is not None else None}
 
 
 def check_padding(pair, scenario: Scenario, device, request: RunRequest, runs: RunSet, comparisons: dict) -> None:

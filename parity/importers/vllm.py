@@ -25,6 +25,7 @@ from pathlib import Path
 
 from parity.analysis.sources import AcceptanceRecord, from_rates, with_num_drafts
 from parity.errors import ParityInputError
+from parity.files import read_text_file
 
 PREFIX = "vllm:spec_decode_"
 MAX_COUNT = 1 << 53     # above this a float counter is no longer an exact count (and the statistics overflow)
@@ -169,12 +170,9 @@ def load_vllm(path: str | Path, num_drafts: int | None = None, fmt: str = "auto"
     path = Path(path)
     if num_drafts is not None and not 1 <= num_drafts <= MAX_COUNT:
         raise ParityInputError(f"--num-drafts must be in 1..2**53, got {num_drafts}")
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ParityInputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ParityInputError(f"{path}: unreadable ({exc.__class__.__name__}: {exc})") from None
+    if not path.exists():
+        raise ParityInputError(f"{path}: no such file")
+    text = read_text_file(path, "vLLM metrics or printed output")
     if not text.strip():
         raise ParityInputError(f"{path}: empty file")
     kind = detect_format(text) if fmt == "auto" else fmt

@@ -6,13 +6,16 @@ Every problem is a `ParityInputError` of one line that names the file.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from parity.errors import ParityInputError
+from parity.files import read_text_file, show
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
                 "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -30,27 +33,71 @@ def checkpoint_dir(path) -> Path:
     return path
 
 
+# Sizes a config.json may hold, each a positive integer up to this bound when present (the first three are
+# required): a negative, zero, fractional or absurd size is one line and exit 2, not an error deep in torch.
+SIZE_KEYS = ("hidden_size", "num_attention_heads", "vocab_size", "intermediate_size", "num_hidden_layers",
+             "num_key_value_heads", "head_dim", "max_position_embeddings", "draft_vocab_size",
+             "num_nextn_predict_layers")
+MAX_SIZE = 1 << 24
+
+
+def read_config_json(file: Path) -> dict:
+    """config.json as a dict whose sizes are checked (SIZE_KEYS); every problem is one ParityInputError line."""
+    try:
+        raw = json.loads(read_text_file(file, "config.json", limit=1 << 20))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ParityInputError(f"{file}: not valid JSON ({one_line(exc)})") from None
+    if not isinstance(raw, dict):
+        raise ParityInputError(f"{file}: expected a JSON object, got {type(raw).__name__}")
+    for key in ("hidden_size", "num_attention_heads", "vocab_size"):
+        if key not in raw:
+            raise ParityInputError(f"{file}: missing integer '{key}'")
+    for key in SIZE_KEYS:
+        value = raw.get(key)
+        if value is None and key not in ("hidden_size", "num_attention_heads", "vocab_size"):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
+            raise ParityInputError(f"{file}: '{key}' must be a positive integer up to {MAX_SIZE}, "
+                                   f"got {show(value)}")
+    for key in ("dtype", "torch_dtype", "model_type", "hidden_act"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ParityInputError(f"{file}: '{key}' must be a name (a string), got {show(raw[key])}")
+    rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    for key, value in (("rope_theta", raw.get("rope_theta")), ("rms_norm_eps", raw.get("rms_norm_eps")),
+                       ("rope_parameters.rope_theta", rope.get("rope_theta"))):
+        # NOTE: a zero or negative base or epsilon makes every logit NaN; JSON readers accept NaN and Infinity.
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                  or not math.isfinite(value) or value <= 0):
+            raise ParityInputError(f"{file}: '{key}' must be a finite number > 0, got {show(value)}")
+    if raw["hidden_size"] % raw["num_attention_heads"] and "head_dim" not in raw:
+        raise ParityInputError(f"{file}: hidden_size {raw['hidden_size']} is not a multiple of "
+                               f"num_attention_heads {raw['num_attention_heads']} (and no head_dim is given)")
+    return raw
+
+
 def read_config(path: Path, model_types: tuple[str | None, ...] | None = None) -> LlamaConfig:
     """The LlamaConfig in `path/config.json`; `model_types` lists accepted `model_type` values."""
     file = path / "config.json"
     if not file.is_file():
         raise ParityInputError(f"{file}: missing (expected a Hugging Face config.json)")
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ParityInputError(f"{file}: not valid JSON ({one_line(exc)})") from None
-    if not isinstance(raw, dict):
-        raise ParityInputError(f"{file}: expected a JSON object, got {type(raw).__name__}")
-    for key in ("hidden_size", "num_attention_heads", "vocab_size"):
-        if not isinstance(raw.get(key), int):
-            raise ParityInputError(f"{file}: missing or invalid integer '{key}'")
+    raw = read_config_json(file)
     if model_types is not None and raw.get("model_type") not in model_types:
         raise ParityInputError(f"{file}: model_type {raw.get('model_type')!r} is not supported "
                                f"(expected {' or '.join(repr(t) for t in model_types if t)})")
     try:
-        return LlamaConfig.from_dict(raw)
+        config = LlamaConfig.from_dict(raw)
     except Exception as exc:  # noqa: BLE001 - any config error is bad input
         raise ParityInputError(f"{file}: invalid LlamaConfig ({one_line(exc)})") from None
+    try:
+        # NOTE: a config transformers accepts can still name what it cannot build (an unknown rope_type or
+        # hidden_act): one layer and the rotary embedding, built on the meta device, say so before any load.
+        with torch.device("meta"):
+            LlamaDecoderLayer(config, 0)
+            LlamaRotaryEmbedding(config)
+    except Exception as exc:  # noqa: BLE001 - whatever the build raises, the config is the cause
+        raise ParityInputError(f"{file}: transformers cannot build a Llama layer from it ({one_line(exc)})") \
+            from None
+    return config
 
 
 def _load_file(file: Path) -> dict[str, torch.Tensor]:

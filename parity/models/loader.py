@@ -26,8 +26,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from parity.errors import ParityInputError
+from parity.files import read_text_file
 from parity.models.checkpoint import (IGNORED_SUFFIXES, assign_weights, check_keys, checkpoint_dir, expected_keys, one_line,
-                                      read_config, read_weights)
+                                      read_config, read_config_json, read_weights)
 from parity.models.eagle1 import Eagle1Head
 from parity.models.eagle3 import INTERNAL_NAMES, Eagle3Head, aux_layer_ids, draft_vocab_size
 from parity.models.llama import TargetModel, paged_config
@@ -98,7 +99,7 @@ def read_head(path) -> HeadCheckpoint:
     """Read a draft head's config.json and weights and tell its layout from them."""
     path = checkpoint_dir(path)
     config = read_config(path)
-    raw = json.loads((path / "config.json").read_text())
+    raw = read_config_json(path / "config.json")
     state, file = read_weights(path)
     state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
     kind = _head_kind(raw, state, file)
@@ -162,6 +163,12 @@ def _build_eagle1(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype)
     if config.hidden_size != target.config.hidden_size:
         raise ParityInputError(f"{path / 'config.json'}: head hidden_size {config.hidden_size} does not match "
                                f"the target's {target.config.hidden_size}")
+    # NOTE: an EAGLE-1 head drafts in the target's vocabulary through the target's own lm_head; a head made
+    # for another vocabulary would draft token ids that mean other words (EAGLE-3 heads map theirs with d2t).
+    if config.vocab_size != target.config.vocab_size:
+        raise ParityInputError(f"{path / 'config.json'}: head vocab_size {config.vocab_size} does not match "
+                               f"the target's {target.config.vocab_size} (an EAGLE-1 head drafts in the "
+                               f"target's vocabulary)")
     state = dict(ckpt.state)
     # The head shares the target's embeddings; published heads may carry a copy, and some a
     # first-layer input layernorm that EAGLE-1 does not apply.
@@ -250,9 +257,11 @@ def load_tokenizer(path) -> PreTrainedTokenizerFast:
     config_file = path / "tokenizer_config.json"
     if config_file.is_file():
         try:
-            raw = json.loads(config_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raw = json.loads(read_text_file(config_file, "tokenizer_config.json"))
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ParityInputError(f"{config_file}: not valid JSON ({one_line(exc)})") from None
+        if not isinstance(raw, dict):
+            raise ParityInputError(f"{config_file}: expected a JSON object")
         for key in TOKENIZER_KEYS:
             value = raw.get(key)
             if isinstance(value, dict):  # serialised AddedToken

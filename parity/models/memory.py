@@ -12,12 +12,13 @@ out-of-memory crash half way through loading.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from parity.errors import ParityInputError
+from parity.files import is_file
+from parity.models.checkpoint import read_config_json
 
 # Tokens of KV cache the estimate reserves (target + head): e.g. 4 sequences of 2048.
 DEFAULT_KV_TOKENS = 8192
@@ -27,11 +28,9 @@ DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": t
 
 
 def _config(path: Path) -> dict:
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return raw if isinstance(raw, dict) else {}
+    """The checkpoint's config.json, sizes checked; {} where there is none (the loader then says so)."""
+    file = path / "config.json"
+    return read_config_json(file) if is_file(file) else {}
 
 
 def _layer_params(c: dict, qkv_in: int) -> int:
@@ -90,7 +89,7 @@ def estimate(target_dir: Path, draft_dir: Path, dtype: torch.dtype, kv_tokens: i
         return {}  # a malformed config: the loader reports it, naming the file
     stored = tc.get("torch_dtype") or tc.get("dtype")
     return {"weights": weights, "kv_cache": kv, "files": _file_bytes(Path(target_dir), Path(draft_dir)),
-            "cast": DTYPE_NAMES.get(stored) != dtype}
+            "cast": (DTYPE_NAMES.get(stored) if isinstance(stored, str) else None) != dtype}
 
 
 def check_memory(name: str, target_dir: Path, draft_dir: Path, dtype: torch.dtype, device,

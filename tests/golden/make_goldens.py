@@ -30,7 +30,7 @@ def _stable(value, key="", seen=None):
     """`value` without timestamps, every distinct address replaced by its own placeholder."""
     seen = {} if seen is None else seen
     if isinstance(value, dict):
-        return {k: _stable(v, k, seen) for k, v in value.items() if k not in ("created", "timing", "memory_plan")}
+        return {k: _stable(v, k, seen) for k, v in value.items() if k not in ("created", "measured")}
     if isinstance(value, list):
         return [_stable(v, key, seen) for v in value]
     if "address" in key and isinstance(value, int):
