@@ -55,10 +55,12 @@ GPU_WORKERS ?= 8
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests $(shell $(PY) -c "import xdist" 2>/dev/null && printf -- '-n %s --dist loadgroup' $(GPU_WORKERS))
 
-# Random hostile inputs (scenarios, prompt sets, vLLM files, summaries, baselines) for a bounded time;
+# Random hostile inputs (files, options, environments, signals; tests/fuzzcases.py, tests/fuzzenv.py) for a bounded
+# time (the suite's per-test budget grows with it);
 # CI runs the same bodies with a few derandomized examples (tests/test_fuzz_inputs.py).
 fuzz: $(STAMP)
-	PARITY_FUZZ_PROFILE=soak FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_soak.py
+	PARITY_FUZZ_PROFILE=soak FUZZ_SECONDS=$(FUZZ_SECONDS) PARITY_TEST_BUDGET_S=$$(( $(FUZZ_SECONDS) * 2 + 120 )) \
+		$(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_soak.py
 
 bench: $(STAMP)
 	$(PY) -m parity bench

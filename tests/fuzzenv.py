@@ -28,7 +28,7 @@ from fuzzcases import COUNTS, OUTCOMES, TOO_LARGE, cheap_engine
 from fuzzkit import NASTY_NUMBERS, NASTY_STRINGS, SUMMARIES, VLLM_FILES, check_outcome, mutated
 from parity.graphs.modes import MODES
 from parity.harness.forked import fork_map
-from parity.models.checkpoint import MAX_SIZE, SIZE_KEYS
+from parity.models.checkpoint import MAX_SIZE, REQUIRED_SIZES, SIZE_KEYS
 from robustkit import ROOT, call, complete_run, fork_with_stdout_pipe, forked_cli, one_line, tiny_scenario
 
 EMBEDDED = ROOT / "parity" / "assets" / "tiny-llama3-eagle"
@@ -119,10 +119,11 @@ def _bad_size(config) -> str | None:
     if not isinstance(config, dict):
         return "not an object"
     for key in SIZE_KEYS:
-        if key in config:
-            value = config[key]
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
-                return f"{key}={value!r}"
+        value = config.get(key)
+        if value is None and key not in REQUIRED_SIZES:      # an optional size left out or null: derived
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
+            return f"{key}={value!r}"
     return None
 
 
@@ -248,8 +249,11 @@ def signal_case(signum: int, delay: float) -> None:
         out, err = proc.communicate(timeout=300)
         _tally("signals", proc.returncode)
         expected = 130 if signum == signal.SIGINT else 143
-        assert proc.returncode in (0, expected), (proc.returncode, err[-2000:])
-        assert "Traceback" not in err and (proc.returncode == 0 or one_line(err)), err[-2000:]
+        # NOTE: a signal in the interpreter's own first milliseconds, before any code of ours runs, takes the
+        # signal's default action: the process ends by it (a shell says 128 + signal all the same), silently.
+        assert proc.returncode in (0, expected, -signum), (proc.returncode, err[-2000:])
+        assert "Traceback" not in err, err[-2000:]
+        assert one_line(err) if proc.returncode == expected else proc.returncode == 0 or not err, err[-2000:]
         assert not (folder / "run").exists() or complete_run(folder / "run"), "a partial run folder"
 
 

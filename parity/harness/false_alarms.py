@@ -36,13 +36,13 @@ def tiny(scenario, requests: int, max_tokens: int, temperature: float):
 
 
 def measure(scenario, seeds: int, mode: str = "full", backend: str = "emulated", model: str = "tiny-llama3-eagle",
-            progress=None) -> dict:
-    """Run `seeds` seeds of eager and `mode`; count gate failures under both nulls."""
+            progress=None, first_seed: int = 0) -> dict:
+    """Run `seeds` seeds (from `first_seed` on) of eager and `mode`; count gate failures under both nulls."""
     backend, device = resolve_backend(backend)
     pair = load_pair(model, dtype=torch.float32, device=device)
     graph_alarms, eager_acceptance, reasons = 0, [], []
     with frozen_heap():
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             result, acceptance = _one_seed(pair, dataclasses.replace(scenario, seed=seed), mode, backend, device)
             if result.verdict == "drift":
                 graph_alarms += 1

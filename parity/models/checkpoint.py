@@ -39,6 +39,7 @@ SIZE_KEYS = ("hidden_size", "num_attention_heads", "vocab_size", "intermediate_s
              "num_key_value_heads", "head_dim", "max_position_embeddings", "draft_vocab_size",
              "num_nextn_predict_layers")
 MAX_SIZE = 1 << 24
+REQUIRED_SIZES = ("hidden_size", "num_attention_heads", "vocab_size")
 
 
 def read_config_json(file: Path) -> dict:
@@ -49,12 +50,12 @@ def read_config_json(file: Path) -> dict:
         raise ParityInputError(f"{file}: not valid JSON ({one_line(exc)})") from None
     if not isinstance(raw, dict):
         raise ParityInputError(f"{file}: expected a JSON object, got {type(raw).__name__}")
-    for key in ("hidden_size", "num_attention_heads", "vocab_size"):
+    for key in REQUIRED_SIZES:
         if key not in raw:
             raise ParityInputError(f"{file}: missing integer '{key}'")
     for key in SIZE_KEYS:
         value = raw.get(key)
-        if value is None and key not in ("hidden_size", "num_attention_heads", "vocab_size"):
+        if value is None and key not in REQUIRED_SIZES:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
             raise ParityInputError(f"{file}: '{key}' must be a positive integer up to {MAX_SIZE}, "
