@@ -16,8 +16,10 @@ def _square_in_a_child(x: int) -> tuple[int, int]:
 
 
 def test_results_come_back_in_order_each_from_a_process_of_its_own():
-    results = fork_map(_square_in_a_child, range(5), jobs=2)
+    seen = []
+    results = fork_map(_square_in_a_child, range(5), jobs=2, on_result=lambda item, result: seen.append(item))
     assert [value for value, _ in results] == [0, 1, 4, 9, 16]
+    assert sorted(seen) == [0, 1, 2, 3, 4], "each result is announced in this process as it comes back"
     pids = {pid for _, pid in results}
     assert len(pids) == 5 and os.getpid() not in pids
 

@@ -21,6 +21,7 @@ from parity.faults.catalog import FAULTS, SCENARIOS, home_scenario
 from parity.graphs.modes import MODES
 from parity.harness.forked import fork_map, forkable
 
+
 def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", names=None,
                scenarios_dir: Path = SCENARIOS, progress=None, extra: tuple[str, ...] = (),
                jobs: int | None = None) -> dict[str, dict]:
@@ -30,8 +31,8 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
     CUDA kernel out of bounds poisons its process, and must not poison the next.
     On the emulated backend that process is a child forked from this one
     (`harness.forked`: no second import of torch); on CUDA, or once this process
-    has initialised CUDA (neither survives a fork), a fresh interpreter. `extra`: more `parity run` arguments
-    (`--dtype bfloat16 --simulate-padding-numerics 0.1`). `jobs` processes run at
+    has initialised CUDA (neither survives a fork), a fresh interpreter. `extra`:
+    more `parity run` arguments (`--dtype bfloat16 --simulate-padding-numerics 0.1`). `jobs` processes run at
     once (default: one per CPU core), each on one CPU thread unless OMP_NUM_THREADS
     says otherwise: oversubscribed OpenMP threads spin for minutes.
     """
@@ -47,18 +48,21 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
             out = Path(tmp) / name
             if code not in (0, 1) or not (out / "summary.json").is_file():
                 raise RuntimeError(f"{name}: parity run exited {code}: {output.strip()[-400:]}")
-            if progress is not None:
-                progress(name)
             return json.loads((out / "summary.json").read_text())
 
+        done = (lambda name, _: progress(name)) if progress is not None else None
         if backend == "emulated" and forkable():
-            return dict(zip(names, fork_map(lambda name: summary(name, *_in_process(argv(name))), names, jobs)))
+            return dict(zip(names, fork_map(lambda name: summary(name, *_in_process(argv(name))), names, jobs,
+                                            on_result=done)))
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         with ThreadPoolExecutor(jobs) as pool:
             def one(name: str) -> dict:
-                done = subprocess.run([sys.executable, "-m", "parity", *argv(name)], capture_output=True, text=True,
-                                      env=env)
-                return summary(name, done.returncode, done.stderr)
+                ran = subprocess.run([sys.executable, "-m", "parity", *argv(name)], capture_output=True, text=True,
+                                     env=env)
+                result = summary(name, ran.returncode, ran.stderr)
+                if done is not None:
+                    done(name, result)
+                return result
 
             return dict(zip(names, pool.map(one, names)))
 

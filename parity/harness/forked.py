@@ -34,14 +34,15 @@ class ForkedError(RuntimeError):
 
 
 def fork_map(fn, items, jobs: int = 1, log_dir: Path | None = None, timeout: float | None = None,
-             return_errors: bool = False) -> list:
+             return_errors: bool = False, on_result=None) -> list:
     """[fn(item) for item in items], each call in a forked child, at most `jobs` children at once.
 
     The children's stdout and stderr go to `log_dir/<index>.log` (a temporary
     folder when None). A child still running after `timeout` seconds is killed.
     A child that raised or died gives a ForkedError with its traceback or exit
     status and its log's tail: in its item's place with `return_errors`, else the
-    first one is raised once every child has ended.
+    first one is raised once every child has ended. `on_result(item, result)` is
+    called here, in this process, as each child's result comes back.
     """
     items = list(items)
     outcomes: dict[int, object] = {}
@@ -70,6 +71,8 @@ def fork_map(fn, items, jobs: int = 1, log_dir: Path | None = None, timeout: flo
                     elif done:
                         outcomes[index] = _collect(items[index], Path(tmp) / f"{index}.pickle",
                                                    os.waitstatus_to_exitcode(status), logs / f"{index}.log")
+                        if on_result is not None and not isinstance(outcomes[index], ForkedError):
+                            on_result(items[index], outcomes[index])
                     else:
                         continue
                     del running[pid]
