@@ -29,7 +29,7 @@ from fuzzkit import NASTY_NUMBERS, NASTY_STRINGS, SUMMARIES, VLLM_FILES, check_o
 from parity.graphs.modes import MODES
 from parity.harness.forked import fork_map
 from parity.models.checkpoint import MAX_SIZE, REQUIRED_SIZES, SIZE_KEYS
-from robustkit import ROOT, call, complete_run, fork_with_stdout_pipe, forked_cli, one_line, tiny_scenario
+from robustkit import ROOT, call, catches, complete_run, fork_with_stdout_pipe, forked_cli, one_line, tiny_scenario
 
 EMBEDDED = ROOT / "parity" / "assets" / "tiny-llama3-eagle"
 
@@ -244,16 +244,18 @@ def signal_case(signum: int, delay: float) -> None:
         proc = subprocess.Popen([sys.executable, "-m", "parity", *_run_tiny(folder, modes="eager")], cwd=folder,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+        # NOTE: from the moment our handlers are in (parity/__main__.py; a caught SIGTERM says so): before it,
+        # Python is still starting itself (site, encodings), which no code of ours can speak for.
+        deadline = time.monotonic() + 60
+        while not catches(proc.pid, signal.SIGTERM) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
         time.sleep(delay)
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=300)
         _tally("signals", proc.returncode)
         expected = 130 if signum == signal.SIGINT else 143
-        # NOTE: a signal in the interpreter's own first milliseconds, before any code of ours runs, takes the
-        # signal's default action: the process ends by it (a shell says 128 + signal all the same), silently.
-        assert proc.returncode in (0, expected, -signum), (proc.returncode, err[-2000:])
-        assert "Traceback" not in err, err[-2000:]
-        assert one_line(err) if proc.returncode == expected else proc.returncode == 0 or not err, err[-2000:]
+        assert proc.returncode in (0, expected), (proc.returncode, err[-2000:])
+        assert "Traceback" not in err and (proc.returncode == 0 or one_line(err)), err[-2000:]
         assert not (folder / "run").exists() or complete_run(folder / "run"), "a partial run folder"
 
 
@@ -265,5 +267,5 @@ KINDS = {
     "pipes": ((st.sampled_from(["run", "gate", "report"]), st.integers(0, 4), st.booleans()), pipe_case, 8),
     "widths": ((COLUMNS, st.sampled_from(["utf-8", "ascii", "latin-1"]), st.booleans(), st.integers(0, 3)),
                width_case, 10),
-    "signals": ((st.sampled_from([signal.SIGINT, signal.SIGTERM]), st.floats(0.05, 4.0)), signal_case, 2),
+    "signals": ((st.sampled_from([signal.SIGINT, signal.SIGTERM]), st.floats(0.0, 4.0)), signal_case, 2),
 }
