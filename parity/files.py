@@ -52,13 +52,19 @@ def read_regular_file(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> byt
     until a writer comes), a folder or a larger file is one ParityInputError line, read no further than that."""
     path = Path(path)
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
-            raise ParityInputError(f"{path}: {kind}, not a {what} file")
-        with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
+        # NOTE: opened without blocking and then asked what it is, so a FIFO put in its place after a check
+        # cannot block the open, and nothing is read from a device.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
+                raise ParityInputError(f"{path}: {kind}, not a {what} file")
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                data = handle.read(limit + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise ParityInputError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
     except ValueError:      # a NUL byte in the name
