@@ -173,11 +173,12 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
     for key in ("num_requests", "max_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",
                 "max_model_len"):
         _positive(check, nodes, raw, key)
-    if raw.get("block_size", 16) > MAX_BLOCK_SIZE:
-        check.fail(node("block_size"), f"block_size must be at most {MAX_BLOCK_SIZE} tokens, got {raw['block_size']}")
-    if raw.get("block_size", 16) > raw.get("max_model_len", 256):
-        check.fail(node("block_size"), f"block_size {raw.get('block_size', 16)} is larger than max_model_len "
-                                       f"{raw.get('max_model_len', 256)}")
+    block_size, max_model_len = raw.get("block_size", _default("block_size")), raw.get("max_model_len",
+                                                                                      _default("max_model_len"))
+    if block_size > MAX_BLOCK_SIZE:
+        check.fail(node("block_size"), f"block_size must be at most {MAX_BLOCK_SIZE} tokens, got {block_size}")
+    if block_size > max_model_len:
+        check.fail(node("block_size"), f"block_size {block_size} is larger than max_model_len {max_model_len}")
     k = raw.get("num_speculative_tokens", 3)
     if not 1 <= k <= 32:
         check.fail(node("num_speculative_tokens"), f"num_speculative_tokens must be in 1..32, got {k}")
@@ -193,10 +194,11 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
         check.fail(node("prompts"), f"prompts file {prompts_path} not found")
     prompts = read_prompts(prompts_path)
     num_requests = raw.get("num_requests", len(prompts))
-    if num_requests * raw.get("max_tokens", 32) > MAX_TOTAL_TOKENS:
+    total = num_requests * raw.get("max_tokens", _default("max_tokens"))
+    if total > MAX_TOTAL_TOKENS:
         check.fail(node("max_tokens") or node("num_requests"),
-                   f"num_requests x max_tokens = {num_requests * raw.get('max_tokens', 64)} output tokens: more "
-                   f"than {MAX_TOTAL_TOKENS} is hours of work, not a parity scenario")
+                   f"num_requests x max_tokens = {total} output tokens: more than {MAX_TOTAL_TOKENS} is hours "
+                   f"of work, not a parity scenario")
 
     arrivals = _arrivals(check, node("arrivals"), raw.get("arrivals", [0]), num_requests)
     sizes = _capture_sizes(check, node("capture_sizes"), raw.get("capture_sizes"))
@@ -213,6 +215,11 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
         prompts=tuple(prompts), num_requests=num_requests, arrivals=tuple(arrivals),
         capture_sizes=sizes, modes=tuple(modes), sliding_window=window,
         sliding_window_layers=window_layers, tolerances=raw.get("tolerances", Tolerances()), **values)
+
+
+def _default(key: str):
+    """The Scenario field's default: what a scenario file that leaves `key` out gets."""
+    return next(f.default for f in fields(Scenario) if f.name == key)
 
 
 def _step(value) -> bool:
