@@ -153,10 +153,21 @@ def test_drafts_after_the_streams_part_are_not_compared():
 
 
 def test_a_flip_far_from_a_tie_is_not_called_a_near_tie():
+    """The near-tie rule reads the fixed bound, never the moves observed."""
     eager = _tokens([(0, 0, 0, 5, 11, -0.01, 3.0), (0, 1, 1, 6, 12, -0.2, 0.001)])
     ref = _tokens([(0, 0, 0, 5, 11, -0.0105, 3.0), (0, 1, 1, 6, 13, -0.2, 0.001)])
-    n = numerics(_result(ref), _result(eager), "ref")
+    n = numerics(_result(ref), _result(eager), "ref", bound=0.01)
     assert n.token_flips == 1 and n.max_abs_logprob_diff == pytest.approx(0.0005)
-    assert n.near_ties == 1                               # gap 0.001 <= 2 x 0.0005
+    assert n.near_ties == 1 and not n.beyond_bound        # gap 0.001 <= the bound 0.01
     far = _tokens([(0, 0, 0, 5, 11, -0.01, 3.0), (0, 1, 1, 6, 12, -0.2, 0.5)])
-    assert numerics(_result(ref), _result(far), "ref").near_ties == 0
+    assert numerics(_result(ref), _result(far), "ref", bound=0.01).near_ties == 0
+
+
+def test_a_departure_beyond_the_bound_is_not_numerics_however_large_the_moves():
+    """A shared padding bug moves logprobs a lot: the old rule (twice the largest move) called every flip a near
+    tie; with a fixed bound the flip is no tie and the departure itself is beyond the bound."""
+    eager = _tokens([(0, 0, 0, 5, 11, -0.01, 3.0), (0, 1, 1, 6, 12, -0.2, 0.9)])
+    ref = _tokens([(0, 0, 0, 5, 11, -1.26, 3.0), (0, 1, 1, 6, 13, -0.2, 0.9)])
+    n = numerics(_result(ref), _result(eager), "ref", bound=0.25)
+    assert n.max_abs_logprob_diff == pytest.approx(1.25) and n.beyond_bound
+    assert n.near_ties == 0

@@ -56,6 +56,7 @@ class ModeComparison:
     numerics: Numerics | None = None              # the padded reference against eager
     reference_acceptance: Acceptance | None = None
     padding: dict | None = None    # after a drift: is the padding inert, does the graph match a clean reference
+    padding_contract: dict | None = None   # the reference's padding probe (`engine.padding_probe`): leaks found
     verdict: str = "pass"
     reasons: list[str] = field(default_factory=list)
 
@@ -117,6 +118,33 @@ def compare_mode(mode: str, eager, run, k: int, alpha: float, min_effect: float,
     return cmp
 
 
+def judge_padding_contract(cmp: ModeComparison, probe: dict | None) -> None:
+    """A leak the reference's padding probe found is a drift of every mode that reference judges.
+
+    The graph and its reference share their padding code: a leak there is
+    invisible to the bitwise verdict and is judged here, exactly (live outputs
+    under two poisons of the padding, bit for bit).
+    """
+    if not probe:
+        return
+    cmp.padding_contract = {k: probe[k] for k in ("padded_forwards", "probed_forwards", "sampling")}
+    cmp.padding_contract["leaks"] = len(probe["leaks"])
+    if not probe["leaks"]:
+        return
+    named = next((leak for leak in probe["leaks"] if leak["buffers"]), probe["leaks"][0])
+    cmp.padding_contract["first"] = named
+    cmp.reasons.append(f"padding leak in {len(probe['leaks'])} of {probe['probed_forwards']} probed forward(s) of "
+                       f"the padded reference: {describe_leak(named)}")
+    cmp.verdict = "drift"
+
+
+def describe_leak(leak: dict) -> str:
+    where = (f"{leak['owner']} {leak['phase']} at step {leak['step']} ({leak['num_tokens']} live of "
+             f"{leak['num_tokens_padded']} tokens, {leak['num_reqs']} live of {leak['num_reqs_padded']} rows)")
+    what = "; ".join(leak["regions"]) if leak["regions"] else "no single region isolated"
+    return f"{where}: live {', '.join(leak['outputs'][:4])} change with the padding ({what})"
+
+
 def refused_comparison(mode: str, eager, k: int, short_buffers: list[dict]) -> ModeComparison:
     """A mode the capacity audit refused before capture: nothing ran, and that is a graph bug (drift)."""
     acc = acceptance(eager.drafts.iloc[0:0], k)
@@ -139,7 +167,9 @@ def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
     k, tol = scenario.num_speculative_tokens, scenario.tolerances
     # The family is every position of every graph mode: Holm within a mode at alpha / (graph modes).
     alpha = tol.alpha / max(1, len(runs) - 1)
-    numbers = {name: numerics(ref.result, eager, name) for name, ref in references.items() if ref.result is not None}
+    bound = runset.yardstick.bound
+    numbers = {name: numerics(ref.result, eager, name, bound) for name, ref in references.items()
+               if ref.result is not None}
     out = {}
     for mode, run in runs.items():
         if run.result is None:
@@ -149,6 +179,8 @@ def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
         reference = (name, references[name].result) if name is not None and name in numbers else None
         out[mode] = compare_mode(mode, eager, run.result, k, alpha, tol.acceptance_min_effect, reference,
                                  numbers.get(name))
+        if name is not None and name in references:
+            judge_padding_contract(out[mode], references[name].padding_probe)
         if mode != EAGER and not getattr(run, "graph_replays", None):
             # A graph mode whose forwards all ran eagerly proves nothing about graphs.
             out[mode].verdict = NOT_EXERCISED

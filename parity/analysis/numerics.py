@@ -5,8 +5,9 @@ it does; on these CPUs it does not). That moves logprobs a little and, at a
 near tie, flips a greedy token, after which the two streams part for good.
 What is comparable is compared: emitted tokens and drafts whose context is
 still the same in both runs. A flip is a near tie when eager's own top-1 /
-top-2 gap there is within twice the largest logprob move seen on same-context
-rows: noise that size can swap the two.
+top-2 gap there is within the fixed padding-numerics bound of the dtype
+(`yardstick`): noise that size can swap the two. Departures beyond the bound
+are not numerics: the comparison calls them a drift.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Numerics:
     near_ties: int                      # flips explained by a near tie in eager
     first_token_divergence: dict | None
     flips: tuple = ()                   # each: kind, request, position, index, eager's top-2 gap, near tie
+    bound: float = float("inf")         # the yardstick: the dtype's padding-numerics bound
 
     @property
     def noise(self) -> float:
@@ -41,7 +43,11 @@ class Numerics:
                 "max_abs_draft_logprob_diff": self.max_abs_draft_logprob_diff, "token_flips": self.token_flips,
                 "draft_flips": self.draft_flips, "drafts_compared": self.drafts_compared,
                 "near_ties": self.near_ties, "first_token_divergence": self.first_token_divergence,
-                "flips": list(self.flips[:MAX_LISTED])}
+                "flips": list(self.flips[:MAX_LISTED]), "bound": self.bound}
+
+    @property
+    def beyond_bound(self) -> bool:
+        return self.noise > self.bound
 
 
 def parted_streams(first: pd.DataFrame, second: pd.DataFrame):
@@ -72,14 +78,14 @@ def _same_context_logprob_diff(eager: pd.DataFrame, other: pd.DataFrame, splits:
     return float((merged.logprob_e - merged.logprob_o).abs().max()) if len(merged) else 0.0
 
 
-def numerics(reference_run, eager_run, name: str) -> Numerics:
-    """What padding numerics did to `reference_run` (a padded reference) relative to plain eager."""
+def numerics(reference_run, eager_run, name: str, bound: float) -> Numerics:
+    """What padding numerics did to `reference_run` (a padded reference) relative to plain eager, judged
+    with the fixed `bound` (`yardstick.Yardstick.bound`)."""
     splits = stream_splits(eager_run.tokens, reference_run.tokens)
     drafts = draft_parity(eager_run.drafts, reference_run.drafts,
                           {r: s["position"] for r, s in splits.items()})
     noise = max(_same_context_logprob_diff(eager_run.tokens, reference_run.tokens, splits),
                 drafts.max_abs_verify_logprob_diff)
-    bound = 2 * max(noise, drafts.max_abs_logprob_diff)
     flips = [{"kind": "token", "req_id": s["req_id"], "position": s["position"], "index": s["output_index"],
               "eager_gap": s["eager_gap"], "near_tie": s["eager_gap"] is not None and s["eager_gap"] <= bound}
              for s in splits.values()]
@@ -88,4 +94,4 @@ def numerics(reference_run, eager_run, name: str) -> Numerics:
     flips.sort(key=lambda f: (f["req_id"], f["position"], f["kind"]))
     first = min(splits.values(), key=lambda s: (s["step"], s["req_id"])) if splits else None
     return Numerics(name, noise, drafts.max_abs_logprob_diff, len(splits), drafts.mismatches, drafts.compared,
-                    sum(f["near_tie"] for f in flips), first, tuple(flips))
+                    sum(f["near_tie"] for f in flips), first, tuple(flips), bound)

@@ -42,6 +42,10 @@ class BlockAllocator:
     def num_free(self) -> int:
         return len(self._free)
 
+    def free_ids(self) -> list[int]:
+        """The blocks no request holds now."""
+        return list(self._free)
+
     def ensure(self, blocks: list[int], num_positions: int) -> None:
         """Grow `blocks` in place until it covers `num_positions` positions."""
         needed = -(-num_positions // self.block_size)

@@ -27,6 +27,9 @@ class Forward:
     max_tokens: int            # the largest batch (in tokens) this phase ever runs
     uniform_query_len: int     # tokens per request when every request has the same query length
     outputs: tuple[str, ...] = ()   # the names of what `fn` returns, in order
+    # The buffers `fn` writes its results into, each with how the written entries are indexed (a draft
+    # step writes the next step's inputs per row into token-indexed buffers).
+    writes: tuple[tuple[str, str], ...] = ()
 
 
 class Owner:

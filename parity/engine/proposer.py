@@ -21,6 +21,10 @@ from parity.engine.metadata import MetadataBuilder, RowPlan
 from parity.engine.owner import Forward, Owner
 
 
+# What every draft forward writes per row, besides the next step's inputs.
+DRAFT_OUTPUTS = ("draft_tokens", "draft_logprobs", "draft_probs", "draft_gaps")
+
+
 class EagleProposer(Owner):
     name = "drafter"
 
@@ -56,8 +60,10 @@ class EagleProposer(Owner):
 
     def forwards(self) -> tuple[Forward, ...]:
         q = self.config.num_speculative_tokens + 1
-        return (Forward("draft_prefill", self.prefill_forward, self.config.max_num_batched_tokens, q),
-                Forward("draft_step", self.step_forward, self.config.max_num_seqs, 1))
+        writes = tuple((name, ROW) for name in ("input_ids", "hidden_states") + DRAFT_OUTPUTS)
+        return (Forward("draft_prefill", self.prefill_forward, self.config.max_num_batched_tokens, q,
+                        writes=writes),
+                Forward("draft_step", self.step_forward, self.config.max_num_seqs, 1, writes=writes))
 
     def decoder_layers(self) -> list[torch.nn.Module]:
         return list(self.head.decoder_layers())

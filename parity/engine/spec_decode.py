@@ -73,6 +73,12 @@ class SpecDecodeEngine:
         self.proposer = (parts.proposer(head, config, self.device, parts.drafter_builder)
                          if config.spec_decode else None)
         self._forwards = 0
+        self.allocator: BlockAllocator | None = None   # the run's, while it runs
+        self.step = 0                                   # the engine step in progress
+
+    def free_blocks(self) -> list[int]:
+        """KV blocks no request holds now (none before a run starts)."""
+        return self.allocator.free_ids() if self.allocator is not None else []
 
     @property
     def k(self) -> int:
@@ -101,6 +107,7 @@ class SpecDecodeEngine:
         for s in specs:
             check_admissible(s, cfg)
         allocator = BlockAllocator(cfg.num_blocks, cfg.block_size)
+        self.allocator = allocator
         requests = [Request(s.req_id, list(s.prompt), s.max_tokens, s.arrival_step) for s in specs]
         scheduler = Scheduler(requests, cfg.max_num_seqs, cfg.max_num_batched_tokens, allocator,
                               positions_ahead=2 * self.k + 2, max_model_len=cfg.max_model_len)
@@ -109,6 +116,7 @@ class SpecDecodeEngine:
         step = 0
         while not scheduler.done:
             rows = scheduler.schedule(step)
+            self.step = step
             if rows:
                 yield from self._step(step, rows, records)
                 finished = scheduler.retire_finished()

@@ -183,3 +183,23 @@ class QueryStartLocOneShort:
         super().__init__(head, config, *args, **kwargs)
         self.buffers.rebind("query_start_loc", torch.zeros(config.max_num_seqs, dtype=torch.int64,
                                                            device=self.buffers.device))
+
+
+class SeqLensFromTail:
+    """For a padded batch the seq_lens view starts at the padded row count (the second half of a double-buffered
+    layout that was never built): live rows take their bounds from the buffer's tail, which a larger batch left."""
+
+    def make_view(self, num_tokens_padded, num_reqs_padded, num_reqs, *args):
+        meta = super().make_view(num_tokens_padded, num_reqs_padded, num_reqs, *args)
+        seq_lens = self.buffers["seq_lens"]
+        if num_reqs_padded > num_reqs and 2 * num_reqs_padded <= seq_lens.shape[0]:
+            meta.seq_lens = seq_lens[num_reqs_padded: 2 * num_reqs_padded]
+        return meta
+
+
+class PaddedSlotsReused:
+    """Padded tokens' slot_mapping entries are not written: they keep the slots of an earlier batch, whose
+    blocks may since have been freed and handed to a live request."""
+
+    def write(self, name, values, pad, num_tokens):
+        super().write(name, values, 0 if name == "slot_mapping" else pad, num_tokens)

@@ -44,6 +44,8 @@ MUTATIONS: dict[str, Mutation] = {
     "sampler-offset-frozen": Mutation(("proposer",), m.SamplerOffsetByHostStep),
     "logits-read-next-step": Mutation(("records",), m.LogitsReadNextStep),
     "query-start-loc-one-short": Mutation(("proposer",), m.QueryStartLocOneShort),
+    "seq-lens-from-tail": Mutation(BUILDERS, m.SeqLensFromTail),
+    "padded-slots-reused": Mutation(BUILDERS, m.PaddedSlotsReused),
 }
 
 

@@ -9,6 +9,7 @@ the executor its forwards run through.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -58,16 +59,29 @@ def checked_dispatchers(engine, mode: str, capture_sizes, drafter_mode: str | No
 
 
 def install_padded_reference(engine, mode: str, capture_sizes=None, drafter_mode: str | None = None,
-                             poison: bool = False) -> None:
+                             poison: bool = False, probe=None) -> None:
     """Make `engine` the strict reference of `mode`: same padding, eager execution.
 
     With `poison`, every padded forward first fills its owner's free padding
     (inputs of padded tokens and rows) with values no real output may depend
-    on, so the reference also proves the padding inert.
+    on, so the reference also proves the padding inert. A `probe`
+    (`engine.padding_probe.PaddingProbe`) runs the padded forwards instead and
+    checks the padding contract under two poisons.
     """
     dispatchers = checked_dispatchers(engine, mode, capture_sizes, drafter_mode)
     for owner in engine.owners():
-        owner.executor = PaddedEagerExecutor(dispatchers[owner.name], owner.poison_padding if poison else None)
+        if probe is not None:
+            padded = functools.partial(probe.execute, owner)
+        elif poison:
+            padded = functools.partial(_poisoned, owner)
+        else:
+            padded = None
+        owner.executor = PaddedEagerExecutor(dispatchers[owner.name], padded)
+
+
+def _poisoned(owner, dispatch, fn, meta):
+    owner.poison_padding(dispatch)
+    return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
 
 
 def install_graphs(engine, mode: str, backend_name: str, capture_sizes=None, drafter_mode: str | None = None,

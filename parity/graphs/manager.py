@@ -106,21 +106,22 @@ def python_fields(meta) -> dict:
 class PaddedEagerExecutor:
     """The strict reference: pads exactly as a graph mode does, but runs eagerly.
 
-    `before(dispatch)`, when given, runs before every forward the mode would
-    replay a graph for: the padded reference poisons its padding there.
+    `padded(dispatch, fn, meta)`, when given, runs every forward the mode would
+    replay a graph for instead of calling `fn` directly: the padded reference
+    poisons its padding there, and probes the padding contract.
     """
 
-    def __init__(self, dispatcher: Dispatcher, before=None):
+    def __init__(self, dispatcher: Dispatcher, padded=None):
         self.dispatcher = dispatcher
         self.mode = dispatcher.mode
-        self.before = before
+        self.padded = padded
 
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
 
     def execute(self, dispatch: Dispatch, fn, meta):
-        if self.before is not None and dispatch.runtime_mode != EAGER:
-            self.before(dispatch)
+        if self.padded is not None and dispatch.runtime_mode != EAGER:
+            return self.padded(dispatch, fn, meta)
         return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
 
 

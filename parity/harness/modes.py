@@ -15,11 +15,14 @@ and each run records its memory (CUDA: baseline, peak, leftover) and timing.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
+from parity.analysis.yardstick import Yardstick
 from parity.engine.config import EngineConfig
+from parity.engine.padding_probe import PaddingProbe
 from parity.engine.parts import EngineParts
 from parity.engine.records import RunResult
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
@@ -42,6 +45,7 @@ class ModeRun:
     memory: dict | None = None     # CUDA: baseline, peak and leftover bytes of this run (release.measured)
     timing: dict = field(default_factory=dict)    # capture and run seconds
     short_buffers: list[dict] | None = None       # the capacity audit's findings when it refused the mode
+    padding_probe: dict | None = None  # a reference's check of the padding contract (`engine.padding_probe`)
 
 
 @dataclass
@@ -51,9 +55,16 @@ class RunSet:
     runs: dict[str, ModeRun]
     references: dict[str, ModeRun] = field(default_factory=dict)
     reference_of: dict[str, str] = field(default_factory=dict)
+    yardstick: Yardstick = Yardstick("float32")   # how far a reference may part from eager (numerics)
 
     def all_runs(self) -> dict[str, ModeRun]:
         return {**self.runs, **self.references}
+
+
+def yardstick(pair, parts: EngineParts) -> Yardstick:
+    """The fixed padding-numerics bound of this pair's dtype (and of the numerics seam, when on)."""
+    dtype = str(pair.target.lm_head.weight.dtype).removeprefix("torch.")
+    return Yardstick(dtype, float(getattr(parts.target_runner, "numerics_scale", 0.0)))
 
 
 def reference_names(modes, scenario: Scenario) -> dict[str, str]:
@@ -117,11 +128,28 @@ def run_mode(pair, scenario: Scenario, mode: str, backend: str, device: torch.de
 
 def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.device,
                   parts: EngineParts = EngineParts(), poison: bool = True, progress=None) -> ModeRun:
-    """`mode`'s strict padded reference: its dispatcher, eager execution, padding poisoned (or not)."""
+    """`mode`'s strict padded reference: its dispatcher, eager execution, padding poisoned (or not).
+
+    Poisoned, it also probes the padding contract (two poisons, `engine.padding_probe`).
+    """
+    probes = []
+
     def install(engine):
-        install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode, poison=poison)
+        # The probe outlives the run (its summary is read after): it must not keep the engine alive.
+        held = weakref.ref(engine)
+        probe = (PaddingProbe(lambda: held().free_blocks(), engine.config.block_size, lambda: held().step)
+                 if poison else None)
+        if probe is not None:
+            probes.append(probe)
+        install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode, poison=poison,
+                                 probe=probe)
         return {}
-    return _run(pair, scenario, name, "reference", device, parts, install, progress)
+    run = _run(pair, scenario, name, "reference", device, parts, install, progress)
+    if probes:
+        run.padding_probe = probes[0].summary()
+        if run.result is not None and run.timing.get("run_seconds"):
+            run.padding_probe["share_of_run"] = round(probes[0].seconds / run.timing["run_seconds"], 4)
+    return run
 
 
 def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: EngineParts, install,
@@ -160,7 +188,7 @@ def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: Engi
     and `advance(name, num_finished)` as requests finish; `on_run(run)`, when
     given, gets each finished ModeRun (its memory and timing included).
     """
-    runset = RunSet({}, reference_of=reference_names(modes, scenario))
+    runset = RunSet({}, reference_of=reference_names(modes, scenario), yardstick=yardstick(pair, parts))
     with frozen_heap():
         for mode in modes:
             runset.runs[mode] = run_mode(pair, scenario, mode, backend, device, parts, policy,

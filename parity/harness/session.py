@@ -9,11 +9,12 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from parity.analysis.compare import compare_runs
-from parity.analysis.kinds import NONE
+from parity.analysis.compare import compare_runs, describe_leak
+from parity.analysis.kinds import NONE, PADDING_LEAK
 from parity.analysis.reference_parity import reference_parity
 from parity.analysis.summary import build_summary
 from parity.diagnose import bisect_mode
+from parity.diagnose.diagnosis import Diagnosis
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.factory import uninstall
@@ -57,6 +58,10 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
             drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
             for mode in drifting:
                 padding = comparisons[mode].padding or {}
+                found = padding_diagnosis(mode, comparisons[mode])
+                if found is not None:
+                    diagnoses[mode] = found
+                    continue
                 with watch("bisect_seconds"):
                     diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request,
                                                padding.get("graph_equals_clean_reference", False)).as_dict()
@@ -107,6 +112,33 @@ def check_padding(pair, scenario: Scenario, device, request: RunRequest, runs: R
                                   else ""))
 
 
+def padding_diagnosis(mode: str, cmp) -> dict | None:
+    """The diagnosis the padding probe made for `mode` (PADDING_LEAK, the leaking buffers), or None (bisect).
+
+    Used when the graph equals its reference bit for bit (the padding bug is
+    shared, and there is no divergence to bisect), or when the region read is
+    one that only the reference poisons (a buffer's tail, unowned KV slots):
+    then that poisoning is why the two differ. The probe's experiments
+    isolated the region: re-running the padded forward
+    with one region's poison changed (or the contract restored), the live
+    outputs changed. No bisection can add to that, and the graph may well
+    equal its reference bit for bit.
+    """
+    leak = (cmp.padding_contract or {}).get("first")
+    if not leak or not leak["buffers"]:
+        return None
+    shared = cmp.reference is None or cmp.reference.bitwise_equal
+    # A tail or unowned KV slot only the reference poisons explains a graph-vs-reference difference too.
+    poisoned_only_there = bool({"tail", "kv"} & set(leak["kinds"]))
+    if not shared and not poisoned_only_there:
+        # The graph parts from its reference: the bisector localises that divergence in lockstep.
+        return None
+    return Diagnosis(PADDING_LEAK, list(leak["buffers"]), mode, owner=leak["owner"], phase=leak["phase"],
+                     step=leak["step"], draft_step=leak["draft_step"], forward_index=leak["forward"],
+                     evidence=[f"the padded reference's {describe_leak(leak)}"] + list(leak["evidence"]),
+                     experiment=leak["experiment"], timing={}).as_dict()
+
+
 def bisect_session(request: RunRequest, mode: str | None) -> dict:
     """`parity bisect`: diagnose one mode (the first scenario mode that drifts when none is given)."""
     scenario = load_request_scenario(request.scenario_path, request.seed)
@@ -125,11 +157,16 @@ def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, dev
     if mode is None:
         modes = resolve_modes(request.modes, scenario)
         runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy)
-        drifting = [m for m, c in compare_runs(runs, scenario).items() if c.verdict == "drift"]
+        comparisons = compare_runs(runs, scenario)
+        drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
         if not drifting:
             return {"kind": NONE, "buffers": [], "mode": None,
                     "evidence": [f"no mode of {', '.join(modes)} drifts from eager"], "replays": 0}
         mode = drifting[0]
+        found = padding_diagnosis(mode, comparisons[mode])
+        if found is not None:
+            found.pop("timing", None)
+            return found
     return diagnose(pair, scenario, mode, backend, device, request).as_dict()
 
 

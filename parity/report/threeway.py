@@ -50,6 +50,9 @@ def numerics_lines(summary: dict) -> list[str]:
         flips = n["token_flips"] + n["draft_flips"]
         if flips:
             parts.append(f"{n['near_ties']} of {flips} flip(s) at a near tie in eager")
+        if n.get("bound") is not None:
+            beyond = max(n["max_abs_logprob_diff"], n["max_abs_draft_logprob_diff"]) > n["bound"]
+            parts.append(f"{'BEYOND' if beyond else 'within'} the padding-numerics bound {n['bound']:.3g}")
         lines.append(f"{n['reference']} ({', '.join(users)}) vs eager: " + "; ".join(parts))
     return lines
 

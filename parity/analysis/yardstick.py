@@ -1,0 +1,45 @@
+"""How far a padded reference may depart from plain eager as padding numerics: a fixed bound.
+
+The same maths at another padded shape rounds differently, so a reference's
+logprobs may move against eager's. How far depends on the dtype and on the
+computation, never on what a run happened to show: a bound derived from the
+largest move observed grows with the error it should expose (a padding bug
+shared by a graph and its reference moved logprobs by 1.25 and every flip
+was called a near tie).
+
+`bound(dtype, seam_scale)` = the dtype's calibrated padding-numerics bound
+(`DTYPE_BOUNDS`, measured on clean engines, `docs/verdicts.md`) plus, under
+the numerics test seam, 2 x its scale (the seam adds at most `scale` to every
+logit in padded forwards, so a log-softmax moves by at most 2 x scale).
+Same-context departures beyond the bound are a drift; a flip is a near tie
+only when eager's own top-1 / top-2 margin there is within the bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# |Δ logprob| between a padded reference and plain eager on clean engines, with margin
+# (docs/verdicts.md: what was measured, where, and the margin).
+DTYPE_BOUNDS = {
+    "float32": 0.01,
+    "bfloat16": 0.25,
+    "float16": 0.25,
+}
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    dtype: str
+    seam_scale: float = 0.0
+
+    @property
+    def bound(self) -> float:
+        return DTYPE_BOUNDS.get(self.dtype, max(DTYPE_BOUNDS.values())) + 2 * self.seam_scale
+
+    def describe(self) -> str:
+        seam = f" + 2 x the numerics seam's {self.seam_scale:g}" if self.seam_scale else ""
+        return f"{self.bound:.3g} ({self.dtype}'s padding-numerics bound {DTYPE_BOUNDS.get(self.dtype)}{seam})"
+
+    def as_dict(self) -> dict:
+        return {"dtype": self.dtype, "seam_scale": self.seam_scale, "bound": self.bound}

@@ -1,0 +1,257 @@
+"""The padding contract, checked exactly: live outputs must not change when the padding does.
+
+A graph and its strict padded reference run the same padding code, so a bug
+in it (a padded row's entry read for a live row, a metadata tail left by a
+larger batch, a padded token writing a slot a live request owns) corrupts
+both identically and the bitwise verdict cannot see it. The probe re-runs
+padded forwards of the reference under two different poisons of everything
+that is not a live entry:
+
+- FREE padded entries (padded tokens' ids, positions, hidden states; padded
+  rows' block tables, request ids, sample rows): poison A copies live entries
+  (the reference's own, `buffers.poison_padding`), poison B alternates 0 with
+  live entries picked another way;
+- the tail of every batch-indexed input buffer, past the padded shape, INERT
+  buffers included (query_start_loc, seq_lens, slot_mapping, block-table
+  rows): what a correct forward at this shape never reads;
+- KV slots no live request owns (free blocks and the trash row): two
+  different constants.
+
+INERT padded entries (PAD slots, zero seq_lens, clamped query_start_loc) are
+kept as the builder wrote them: they carry meaning (a PAD slot skips the
+write), so the contract for them is their exact pad value, which is checked.
+
+Live outputs (every returned tensor's live rows, the live rows of every
+buffer the forward declares it writes, the KV rows the live tokens own) must be equal bit for bit
+under both poisons. When they are not, the forward is re-run from its
+pre-state to name what leaks: first the contract (padded INERT entries off
+their pad value: does restoring them make the two poisons agree?), then each
+poisoned region alone (poison B in one region, A everywhere else).
+
+Cost: one extra forward per probed forward, and one forward per region on the
+first leak of each phase. Probed: the first forward of every distinct
+(owner, phase, padded shape, live shape), and every `EVERY`th padded forward
+after it (what the padding holds changes with the batches before: a stale
+entry needs a larger batch first); the reference's other forwards get poison
+A only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from parity.engine.padding_regions import (PreState, Region, bits, block_size_of, differing, fill_like_live,
+                                           live_outputs, off_contract, regions, restore_contract, tail)
+
+# KV slots no live request owns hold one of these under each poison (finite: a masked score times a
+# poisoned value must stay 0).
+KV_POISON = {"A": 0.375, "B": -1.25}
+MAX_LEAKS_LOCALISED = 4
+EVERY = 16
+
+
+@dataclass
+class Leak:
+    owner: str
+    phase: str
+    forward: int                  # this owner's forward count in the run (0-based)
+    step: int                     # the engine step
+    draft_step: int | None
+    num_tokens: int
+    num_tokens_padded: int
+    num_reqs: int
+    num_reqs_padded: int
+    outputs: list[str]            # live outputs that differ between the two poisons
+    buffers: list[str] = field(default_factory=list)    # what leaks (empty: not isolated)
+    regions: list[str] = field(default_factory=list)    # e.g. "seq_lens padded rows off the pad value 0"
+    kinds: list[str] = field(default_factory=list)      # of the isolated regions: contract, padded, tail, kv, writes
+    evidence: list[str] = field(default_factory=list)
+    experiment: str | None = None                       # the experiment that isolated `buffers`
+    localised: bool = False
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class PaddingProbe:
+    """Runs a reference's padded forwards, probing the padding contract of each new padded shape."""
+
+    def __init__(self, free_blocks, block_size: int, step=lambda: None):
+        self.free_blocks = free_blocks          # () -> block ids no request holds, now
+        self.step = step                        # () -> the engine step in progress
+        self.block_size = block_size
+        self.seen: set = set()
+        self.forwards: dict[str, int] = {}
+        self.padded_forwards = 0
+        self.probed = 0
+        self.seconds = 0.0
+        self.leaks: list[Leak] = []
+        self.localised_phases: set = set()
+        self._salt = 0
+
+    # --- the executor's entry --------------------------------------------------------
+
+    def execute(self, owner, dispatch, fn, meta):
+        index = self.forwards.get(owner.name, 0)
+        self.forwards[owner.name] = index + 1
+        self.padded_forwards += 1
+        key = (owner.name, dispatch.phase, dispatch.num_tokens_padded, dispatch.num_reqs_padded,
+               dispatch.num_tokens, dispatch.num_reqs)
+        if key in self.seen and self.padded_forwards % EVERY:
+            owner.poison_padding(dispatch)
+            return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
+        self.seen.add(key)
+        start = time.perf_counter()
+        try:
+            return self._probe(owner, dispatch, fn, meta, index)
+        finally:
+            self._sync(owner)
+            self.seconds += time.perf_counter() - start
+
+    def summary(self) -> dict:
+        return {"padded_forwards": self.padded_forwards, "probed_forwards": self.probed,
+                "sampling": f"the first forward of each distinct (owner, phase, padded shape, live shape), and "
+                            f"every {EVERY}th padded forward",
+                "seconds": round(self.seconds, 3), "leaks": [leak.as_dict() for leak in self.leaks]}
+
+    # --- one probed forward ------------------------------------------------------------
+
+    def _probe(self, owner, dispatch, fn, meta, index: int):
+        self.probed += 1
+        self._salt += 1
+        pre = PreState(owner, dispatch)
+        every = regions(owner.buffers, dispatch)
+        run = lambda b_regions, repair=(): self._run(owner, dispatch, fn, meta, pre, every, b_regions,  # noqa: E731
+                                                        repair)
+        out_b, _ = run(every)
+        out_a, result = run([])
+        changed = differing(out_a, out_b)
+        if not changed:
+            return result
+        draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
+        leak = Leak(owner.name, dispatch.phase, index, self.step(), draft_step, dispatch.num_tokens,
+                    dispatch.num_tokens_padded, dispatch.num_reqs, dispatch.num_reqs_padded, changed)
+        self.leaks.append(leak)
+        phase = (owner.name, dispatch.phase)
+        if phase not in self.localised_phases and len(self.localised_phases) < MAX_LEAKS_LOCALISED:
+            self.localised_phases.add(phase)
+            again, result = run([])
+            if differing(out_a, again):
+                leak.evidence.append(f"the forward does not reproduce its own live outputs under the same poison "
+                                     f"({', '.join(differing(out_a, again)[:4])}): no region can be isolated")
+                return result
+            self._localise(leak, owner, dispatch, run, out_a, every, pre)
+            # The forward whose state the run goes on from is poison A's, as for every other forward.
+            _, result = run([])
+        return result
+
+    def _localise(self, leak: Leak, owner, dispatch, run, out_a, every, pre: PreState) -> None:
+        leak.localised = True
+        pre.restore()
+        off = off_contract(owner.buffers, dispatch)
+        if off:
+            # The smallest repair first: each breached buffer alone, then all of them.
+            for names in [[name] for name in sorted(off)] + ([sorted(off)] if len(off) > 1 else []):
+                fixed_a, _ = run([], repair=names)
+                fixed_b, _ = run(every, repair=names)
+                if not differing(fixed_a, fixed_b):
+                    leak.buffers, leak.kinds = names, ["contract"]
+                    leak.regions = [f"{name} padded entries off the pad value {off[name][0]} ({off[name][1]} of "
+                                    f"them)" for name in names]
+                    leak.experiment = (f"the padded forward re-run under both poisons with {', '.join(names)}'s "
+                                       f"padded entries set to their pad values")
+                    leak.evidence = [f"with {', '.join(names)} padded entries set to their pad values, the two "
+                                     f"poisons give the same live outputs: the builder breaks the padding contract"]
+                    return
+            leak.evidence.append(f"{', '.join(sorted(off))} padded entries are off their pad values, but restoring "
+                                 f"them does not make the two poisons agree")
+        written = self._padded_kv_writes(owner, dispatch, run, every, pre.live_rows)
+        if written:
+            leak.buffers, leak.kinds = ["slot_mapping"], ["writes"]
+            leak.regions = [f"padded tokens' KV writes land in {written} slot(s) live requests own"]
+            leak.experiment = "the KV slots live requests own, compared after the forward under each poison"
+            leak.evidence.append("the padded tokens' poisoned inputs reach the live requests' own KV (first layer): "
+                                 "their writes are not routed to the PAD slot")
+            return
+        leaking = [r for r in every if differing(out_a, run([r])[0])]
+        leak.buffers = sorted({r.buffer for r in leaking})
+        leak.regions = [r.label() for r in leaking]
+        leak.kinds = sorted({r.kind for r in leaking})
+        if leaking:
+            leak.experiment = "the padded forward re-run with poison B in one region alone, poison A elsewhere"
+            leak.evidence.append(f"poison B in {' / '.join(r.label() for r in leaking)} alone (poison A everywhere "
+                                 f"else) changes live outputs")
+        else:
+            leak.evidence.append("no single poisoned region changes live outputs alone (they leak jointly)")
+
+    @staticmethod
+    def _padded_kv_writes(owner, dispatch, run, every, live_slots) -> int:
+        """How many first-layer KV rows live requests own change with the poison.
+
+        Owned: the live rows' context (written before this forward) and the
+        slots the live tokens write now. A live token's first-layer key and
+        value depend on its own inputs alone, so under either poison they are
+        the same unless a padded token wrote over them."""
+        b = owner.buffers
+        n = dispatch.num_reqs
+        starts, ends = b["query_start_loc"][:n], b["query_start_loc"][1: n + 1]
+        context = (b["seq_lens"][:n] - (ends - starts)).clamp(min=0)     # positions written before this forward
+        width = int(context.max()) if n else 0
+        slots = live_slots
+        if width:
+            positions = torch.arange(width, device=b.device)
+            block_size = block_size_of(owner)
+            blocks = b["block_table"][:n].gather(1, (positions // block_size).unsqueeze(0).expand(n, -1))
+            before = (blocks * block_size + positions % block_size)[positions.unsqueeze(0) < context.unsqueeze(1)]
+            slots = torch.cat([before, live_slots])
+        if slots.numel() == 0:
+            return 0
+        layer0 = (owner.kv_cache.keys[0], owner.kv_cache.values[0])
+
+        def owned(regions):
+            run(regions)
+            return [c.index_select(0, slots) for c in layer0]
+        a, bb = owned([]), owned(every)
+        changed = torch.zeros(slots.shape[0], dtype=torch.bool, device=slots.device)
+        for x, y in zip(a, bb):
+            changed |= (bits(x) != bits(y)).reshape(slots.shape[0], -1).any(dim=1)
+        return int(changed.sum())
+
+    def _run(self, owner, dispatch, fn, meta, pre: PreState, every: list[Region], b_regions: list[Region],
+             repair: list[str] = ()):
+        """Restore the pre-state, set `repair`'s padded entries to their pad values, poison (B in
+        `b_regions`, A elsewhere), run, and read the live outputs."""
+        pre.restore()
+        restore_contract(owner.buffers, dispatch, repair)
+        b_set = {(r.buffer, r.kind) for r in b_regions}
+        for region in every:
+            self._poison(owner, dispatch, region, "B" if (region.buffer, region.kind) in b_set else "A")
+        result = fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
+        return live_outputs(owner, dispatch, result, pre.live_rows), result
+
+    def _poison(self, owner, dispatch, region: Region, pattern: str) -> None:
+        buffers = owner.buffers
+        if region.kind == "kv":
+            self._poison_kv(owner, pattern)
+            return
+        tensor, spec = buffers[region.buffer], buffers.spec(region.buffer)
+        live = spec.used(dispatch.num_tokens, dispatch.num_reqs)
+        holes = spec.padded(dispatch) if region.kind == "padded" else tail(spec, dispatch, tensor.shape[0])
+        fill_like_live(tensor, live, holes, pattern, self._salt)
+
+    def _poison_kv(self, owner, pattern: str) -> None:
+        ids = sorted(self.free_blocks())
+        value = KV_POISON[pattern]
+        index = torch.tensor(ids, dtype=torch.int64, device=owner.buffers.device) if ids else None
+        for cache in owner.kv_cache.tensors():
+            cache[-1].fill_(value)     # the trash row
+            if index is not None:
+                cache[:-1].unflatten(0, (-1, self.block_size)).index_fill_(0, index, value)
+
+    @staticmethod
+    def _sync(owner) -> None:
+        if owner.buffers.device.type == "cuda":
+            torch.cuda.synchronize(owner.buffers.device)
