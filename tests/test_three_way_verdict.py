@@ -102,7 +102,7 @@ def test_cli_summary_and_console_show_the_three_way_verdict(tmp_path, capsys):
                  "--simulate-padding-numerics", str(SCALE)])
     assert code == 0
     text = capsys.readouterr().out
-    assert "NUMERICS: padded reference vs eager (reported, not a verdict)" in text
+    assert "NUMERICS: padded reference vs eager (judged by a fixed bound)" in text
     assert "ref=" in text and "bitwise" in text
     summary = json.loads((out / "summary.json").read_text())
     full = summary["modes"]["full"]

@@ -138,6 +138,16 @@ def judge_padding_contract(cmp: ModeComparison, probe: dict | None) -> None:
     cmp.verdict = "drift"
 
 
+def judge_padding_numerics(cmp: ModeComparison, yardstick) -> None:
+    """A reference that departs from eager beyond the dtype's fixed bound is not padding numerics: a drift."""
+    n = cmp.numerics
+    if n is None or not n.beyond_bound:
+        return
+    cmp.reasons.append(f"the padded reference departs from eager by max |Δ logprob| {n.noise:.3g} on same-context "
+                       f"records, beyond the padding-numerics bound {yardstick.describe()}")
+    cmp.verdict = "drift"
+
+
 def describe_leak(leak: dict) -> str:
     where = (f"{leak['owner']} {leak['phase']} at step {leak['step']} ({leak['num_tokens']} live of "
              f"{leak['num_tokens_padded']} tokens, {leak['num_reqs']} live of {leak['num_reqs_padded']} rows)")
@@ -181,6 +191,7 @@ def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
                                  numbers.get(name))
         if name is not None and name in references:
             judge_padding_contract(out[mode], references[name].padding_probe)
+            judge_padding_numerics(out[mode], runset.yardstick)
         if mode != EAGER and not getattr(run, "graph_replays", None):
             # A graph mode whose forwards all ran eagerly proves nothing about graphs.
             out[mode].verdict = NOT_EXERCISED

@@ -6,6 +6,7 @@ BUFFER_REASSIGNED = "BUFFER_REASSIGNED"
 STALE_BUFFER = "STALE_BUFFER"
 FROZEN_AT_CAPTURE = "FROZEN_AT_CAPTURE"
 PADDING_LEAK = "PADDING_LEAK"
+PADDING_NUMERICS = "PADDING_NUMERICS"
 POOL_ALIAS = "POOL_ALIAS"
 CAPTURE_CONTEXT = "CAPTURE_CONTEXT"
 DESCRIPTOR_MISMATCH = "DESCRIPTOR_MISMATCH"
@@ -20,6 +21,8 @@ EXPLAIN = {
     STALE_BUFFER: "the captured buffer is at the right address but was not refreshed before replay",
     FROZEN_AT_CAPTURE: "a Python value was baked into the graph at capture",
     PADDING_LEAK: "padded entries were not made inert and leak into real rows",
+    PADDING_NUMERICS: "the padded reference departs from eager beyond the dtype's padding-numerics bound, and "
+                      "no padded region was isolated: a padding bug the graph and its reference share",
     POOL_ALIAS: "drafter temporaries share a graph pool with live target outputs",
     CAPTURE_CONTEXT: "the graph was captured with other metadata than the one replay refreshes",
     DESCRIPTOR_MISMATCH: "the batch replayed a graph captured for another shape than the one it was built for",
@@ -30,5 +33,5 @@ EXPLAIN = {
     NONE: "no divergence found",
 }
 # The classes a bug can be diagnosed as (the others say there is none, or that it is not explained).
-BUG_KINDS = (BUFFER_REASSIGNED, STALE_BUFFER, FROZEN_AT_CAPTURE, PADDING_LEAK, POOL_ALIAS, CAPTURE_CONTEXT,
+BUG_KINDS = (BUFFER_REASSIGNED, STALE_BUFFER, FROZEN_AT_CAPTURE, PADDING_LEAK, PADDING_NUMERICS, POOL_ALIAS, CAPTURE_CONTEXT,
              DESCRIPTOR_MISMATCH, OUTPUT_ALIASED, SHORT_BUFFER)

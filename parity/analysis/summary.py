@@ -97,7 +97,8 @@ def reference_summary(cmp: ModeComparison) -> dict | None:
     return {**cmp.reference.as_dict(),
             "acceptance_per_position": [round(r, 6) for r in acc.rates],
             "mean_acceptance_length": round(acc.mean_acceptance_length, 6),
-            "padding": cmp.padding}
+            "padding": cmp.padding,
+            "padding_contract": cmp.padding_contract}
 
 
 def divergence_summary(cmp: ModeComparison, tokenizer) -> dict:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# |Δ logprob| between a padded reference and plain eager on clean engines, with margin
-# (docs/verdicts.md: what was measured, where, and the margin).
+# |Δ logprob| between a padded reference and plain eager on clean engines, with margin (docs/verdicts.md):
+# float32 measured 2.4e-6 (tiny, CPU) and 2.0e-6 (tiny, H100); bfloat16 0 (tiny), 0.0157 (synthetic 1B) and
+# 0.0313 (synthetic 8B) on an H100, every shipped scenario and graph mode; float16 not measured.
 DTYPE_BOUNDS = {
     "float32": 0.01,
     "bfloat16": 0.25,

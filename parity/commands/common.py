@@ -118,7 +118,8 @@ def run_request(args) -> RunRequest:
     check_model_paths(args.model, args.target_path, args.draft_path)
     return RunRequest(args.model, args.scenario, requested_modes(args.modes), args.backend, **engine_parts(args),
                       seed=args.seed, target_path=args.target_path, draft_path=args.draft_path, dtype=args.dtype,
-                      bisect=not getattr(args, "no_bisect", False))
+                      bisect=not getattr(args, "no_bisect", False),
+                      check_unpadded=getattr(args, "check_unpadded", False))
 
 
 def console() -> Console:

@@ -17,6 +17,9 @@ def register(sub) -> None:
     add_force(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument("--no-bisect", action="store_true", help="do not diagnose drifting modes")
+    run.add_argument("--check-unpadded", action="store_true",
+                     help="also run eager one request at a time (no batching, no padding) and say whether eager "
+                          "itself agrees with it: a bug every mode shares is the engine's, not the graphs'")
     add_memory_options(run)
     run.set_defaults(handler=main)
 

@@ -59,6 +59,12 @@ class BufferSpec:
             return slice(dispatch.num_reqs, dispatch.num_reqs_padded)
         return slice(0, 0)
 
+    def tail(self, dispatch, length: int) -> slice:
+        """The entries past `dispatch`'s padded shape, up to the buffer's `length` (empty when not batch-indexed)."""
+        start = {TOKEN: dispatch.num_tokens_padded, ROW: dispatch.num_reqs_padded,
+                 ROW_PLUS_ONE: dispatch.num_reqs_padded + 1}.get(self.index)
+        return slice(length, length) if start is None else slice(min(start, length), length)
+
 
 class InputBuffers:
     def __init__(self, owner: str, device: torch.device):
@@ -111,7 +117,7 @@ def register_attention_buffers(buffers: InputBuffers, max_tokens: int, max_reqs:
 
 
 def poison_padding(buffers: InputBuffers, dispatch, salt: int) -> None:
-    """Fill every FREE padded entry with values taken from real entries of the same buffer.
+    """Fill every FREE padded entry with values taken from real entries of the same buffer (poison A).
 
     Values copied from real entries are always valid (token ids, positions, block
     ids, row indices in range), yet differ from what a clean batch holds there; a
@@ -119,12 +125,25 @@ def poison_padding(buffers: InputBuffers, dispatch, salt: int) -> None:
     """
     for name, tensor in buffers.items():
         spec = buffers.spec(name)
-        if spec.padding != FREE:
-            continue
-        real, padded = spec.used(dispatch.num_tokens, dispatch.num_reqs), spec.padded(dispatch)
-        count, holes = real.stop - real.start, padded.stop - padded.start
-        if count <= 0 or holes <= 0:
-            continue
-        picks = (torch.arange(holes, device=tensor.device) * 7 + salt) % count + real.start
-        values = tensor[picks]
-        tensor[padded] = values if not tensor.is_floating_point() else values * -3.0
+        if spec.padding == FREE:
+            fill_like_live(tensor, spec.used(dispatch.num_tokens, dispatch.num_reqs), spec.padded(dispatch), "A", salt)
+
+
+def fill_like_live(tensor: torch.Tensor, live: slice, holes: slice, pattern: str, salt: int) -> None:
+    """Fill `tensor[holes]` with valid values derived from its live entries `tensor[live]`.
+
+    Pattern A copies live entries (floats times -3). Pattern B differs from A in
+    every integer entry, with values every index buffer accepts (0, or 1 where A
+    holds 0), and in every float entry (the live values times 2.5, plus 0.5)."""
+    count, n = live.stop - live.start, holes.stop - holes.start
+    if n <= 0:
+        return
+    if count <= 0:
+        tensor[holes] = 0 if pattern == "A" else 1
+        return
+    picks = (torch.arange(n, device=tensor.device) * 7 + salt) % count + live.start
+    values = tensor[picks]
+    if tensor.is_floating_point():
+        tensor[holes] = values * -3.0 if pattern == "A" else values * 2.5 + 0.5
+    else:
+        tensor[holes] = values if pattern == "A" else (values == 0).to(tensor.dtype)

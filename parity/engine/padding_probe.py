@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from parity.engine.padding_regions import (PreState, Region, bits, block_size_of, differing, fill_like_live,
-                                           live_outputs, off_contract, regions, restore_contract, tail)
+from parity.engine.buffers import fill_like_live
+from parity.engine.padding_regions import (PreState, Region, bits, differing, inert_regions, live_outputs,
+                                           move_inert, off_contract, regions, restore_contract)
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
 # poisoned value must stay 0).
@@ -79,9 +80,12 @@ class Leak:
 class PaddingProbe:
     """Runs a reference's padded forwards, probing the padding contract of each new padded shape."""
 
-    def __init__(self, free_blocks, block_size: int, step=lambda: None):
+    def __init__(self, free_blocks, block_size: int, step=lambda: None, inert_reads: bool = False):
         self.free_blocks = free_blocks          # () -> block ids no request holds, now
         self.step = step                        # () -> the engine step in progress
+        # A diagnosis experiment, not a verdict: also move each INERT buffer's padded entries to another
+        # well-formed value, to see whether a live row reads them (`inert_regions`).
+        self.inert_reads = inert_reads
         self.block_size = block_size
         self.seen: set = set()
         self.forwards: dict[str, int] = {}
@@ -115,7 +119,7 @@ class PaddingProbe:
         return {"padded_forwards": self.padded_forwards, "probed_forwards": self.probed,
                 "sampling": f"the first forward of each distinct (owner, phase, padded shape, live shape), and "
                             f"every {EVERY}th padded forward",
-                "seconds": round(self.seconds, 3), "leaks": [leak.as_dict() for leak in self.leaks]}
+                "leaks": [leak.as_dict() for leak in self.leaks]}
 
     # --- one probed forward ------------------------------------------------------------
 
@@ -129,6 +133,8 @@ class PaddingProbe:
         out_b, _ = run(every)
         out_a, result = run([])
         changed = differing(out_a, out_b)
+        if not changed and self.inert_reads:
+            return self._inert_reads(owner, dispatch, meta, index, run, out_a, result)
         if not changed:
             return result
         draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
@@ -187,8 +193,26 @@ class PaddingProbe:
         else:
             leak.evidence.append("no single poisoned region changes live outputs alone (they leak jointly)")
 
-    @staticmethod
-    def _padded_kv_writes(owner, dispatch, run, every, live_slots) -> int:
+    def _inert_reads(self, owner, dispatch, meta, index: int, run, out_a, result):
+        """Each INERT buffer's padded entries moved alone to another well-formed value: the ones a live row
+        reads (its outputs change) are a leak the two poisons cannot show, since both keep pad values."""
+        read = [r for r in inert_regions(owner.buffers, dispatch) if differing(out_a, run([r])[0])]
+        if not read:
+            return result
+        draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
+        self.leaks.append(Leak(owner.name, dispatch.phase, index, self.step(), draft_step, dispatch.num_tokens,
+                               dispatch.num_tokens_padded, dispatch.num_reqs, dispatch.num_reqs_padded,
+                               sorted(differing(out_a, run(read)[0])), sorted({r.buffer for r in read}),
+                               [r.label() for r in read], ["inert"],
+                               [f"moving the padded entries of {', '.join(r.buffer for r in read)} off their pad "
+                                f"values (to other well-formed values) changes live outputs: a live row reads a "
+                                f"padded row's entry"],
+                               "the padded forward re-run with one INERT buffer's padded entries moved off their "
+                               "pad value", True))
+        _, result = run([])
+        return result
+
+    def _padded_kv_writes(self, owner, dispatch, run, every, live_slots) -> int:
         """How many first-layer KV rows live requests own change with the poison.
 
         Owned: the live rows' context (written before this forward) and the
@@ -203,7 +227,7 @@ class PaddingProbe:
         slots = live_slots
         if width:
             positions = torch.arange(width, device=b.device)
-            block_size = block_size_of(owner)
+            block_size = self.block_size
             blocks = b["block_table"][:n].gather(1, (positions // block_size).unsqueeze(0).expand(n, -1))
             before = (blocks * block_size + positions % block_size)[positions.unsqueeze(0) < context.unsqueeze(1)]
             slots = torch.cat([before, live_slots])
@@ -229,6 +253,9 @@ class PaddingProbe:
         b_set = {(r.buffer, r.kind) for r in b_regions}
         for region in every:
             self._poison(owner, dispatch, region, "B" if (region.buffer, region.kind) in b_set else "A")
+        for region in b_regions:
+            if region.kind == "inert":
+                self._poison(owner, dispatch, region, "B")
         result = fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
         return live_outputs(owner, dispatch, result, pre.live_rows), result
 
@@ -238,8 +265,11 @@ class PaddingProbe:
             self._poison_kv(owner, pattern)
             return
         tensor, spec = buffers[region.buffer], buffers.spec(region.buffer)
+        if region.kind == "inert":
+            move_inert(tensor, spec, dispatch, self._salt)
+            return
         live = spec.used(dispatch.num_tokens, dispatch.num_reqs)
-        holes = spec.padded(dispatch) if region.kind == "padded" else tail(spec, dispatch, tensor.shape[0])
+        holes = spec.padded(dispatch) if region.kind == "padded" else spec.tail(dispatch, tensor.shape[0])
         fill_like_live(tensor, live, holes, pattern, self._salt)
 
     def _poison_kv(self, owner, pattern: str) -> None:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.engine.buffers import FREE, INERT, ROW, ROW_PLUS_ONE, TOKEN, BufferSpec, InputBuffers
+from parity.engine.buffers import FREE, INERT, NUM_TOKENS, BufferSpec, InputBuffers, fill_like_live
+
 
 @dataclass
 class Region:
@@ -18,14 +19,8 @@ class Region:
 
     def label(self) -> str:
         return {"padded": f"{self.buffer} padded entries", "tail": f"{self.buffer} tail past the padded shape",
-                "kv": "KV slots no live request owns"}[self.kind]
-
-
-def tail(spec, dispatch, length: int) -> slice:
-    """The entries of a batch-indexed buffer past `dispatch`'s padded shape."""
-    start = {TOKEN: dispatch.num_tokens_padded, ROW: dispatch.num_reqs_padded,
-             ROW_PLUS_ONE: dispatch.num_reqs_padded + 1}.get(spec.index)
-    return slice(length, length) if start is None else slice(min(start, length), length)
+                "kv": "KV slots no live request owns",
+                "inert": f"{self.buffer} padded entries (at their pad value) read for a live row"}[self.kind]
 
 
 def regions(buffers: InputBuffers, dispatch) -> list[Region]:
@@ -38,33 +33,32 @@ def regions(buffers: InputBuffers, dispatch) -> list[Region]:
         padded = spec.padded(dispatch)
         if spec.padding == FREE and padded.stop > padded.start:
             found.append(Region(name, "padded"))
-        t = tail(spec, dispatch, tensor.shape[0])
+        t = spec.tail(dispatch, tensor.shape[0])
         if t.stop > t.start:
             found.append(Region(name, "tail"))
     return found + [Region("kv_cache", "kv")]
 
 
-def fill_like_live(tensor: torch.Tensor, live: slice, holes: slice, pattern: str, salt: int) -> None:
-    """Fill `tensor[holes]` with valid values derived from its live entries, in pattern A or B."""
-    count, n = live.stop - live.start, holes.stop - holes.start
-    if n <= 0:
-        return
-    if count <= 0:
-        tensor[holes] = 0 if pattern == "A" else 1
-        return
-    idx = torch.arange(n, device=tensor.device)
-    if pattern == "A":
-        picks = (idx * 7 + salt) % count + live.start
-        values = tensor[picks]
-        tensor[holes] = values * -3.0 if tensor.is_floating_point() else values
-        return
-    picks = (count - 1 - (idx * 5 + salt) % count) + live.start
-    values = tensor[picks]
-    if tensor.is_floating_point():
-        tensor[holes] = values * 2.5 + 0.5
+def inert_regions(buffers: InputBuffers, dispatch) -> list[Region]:
+    """INERT buffers whose padded entries can move to another well-formed value (`move_inert`)."""
+    return [Region(name, "inert") for name, _ in buffers.items()
+            if buffers.spec(name).padding == INERT and movable(buffers.spec(name))
+            and buffers.spec(name).padded(dispatch).stop > buffers.spec(name).padded(dispatch).start]
+
+
+def movable(spec) -> bool:
+    """A PAD slot cannot move (any other value is a real slot); row starts and lengths can."""
+    return spec.pad == NUM_TOKENS or (isinstance(spec.pad, int) and spec.pad >= 0)
+
+
+def move_inert(tensor: torch.Tensor, spec, dispatch, salt: int) -> None:
+    """Padded entries off their pad value, still well formed: row starts to the padded token count (the padded
+    rows then hold padded tokens only), other values copied from live entries."""
+    holes = spec.padded(dispatch)
+    if spec.pad == NUM_TOKENS:
+        tensor[holes] = dispatch.num_tokens_padded
     else:
-        zero = (idx % 2 == 0).view(-1, *([1] * (values.dim() - 1)))
-        tensor[holes] = torch.where(zero, torch.zeros_like(values), values)
+        fill_like_live(tensor, spec.used(dispatch.num_tokens, dispatch.num_reqs), holes, "A", salt)
 
 
 class PreState:
@@ -124,10 +118,6 @@ def live_outputs(owner, dispatch, result, kv_rows) -> dict[str, torch.Tensor]:
     for layer, cache in enumerate(owner.kv_cache.tensors()):
         out[f"kv_cache[{layer}] live slots"] = cache.index_select(0, kv_rows)
     return out
-
-
-def block_size_of(owner) -> int:
-    return owner.builder.block_size
 
 
 def _live_rows(tensor: torch.Tensor, dispatch) -> torch.Tensor:

@@ -102,7 +102,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("seq-lens-from-tail", PADDING_LEAK, ("seq_lens",), "MetadataBuilder.make_view (padded batches)",
           "issue 27", "s002-padded-drafter", GRAPH_MODES,
           "a padded batch's seq_lens view starts at the padded row count: live rows take their bounds from the "
-          "buffer's tail, left by a larger batch; the graph and its padded reference read the same stale tail"),
+          "buffer's tail, left by a larger batch"),
     Fault("padded-slots-reused", PADDING_LEAK, ("slot_mapping",), "MetadataBuilder.write (slot_mapping)",
           "issue 27", "default", GRAPH_MODES,
           "padded tokens keep the slots of an earlier batch instead of PAD: once those blocks are freed and "

@@ -61,16 +61,21 @@ class StaleBlockTable:
 
 @dataclasses.dataclass
 class HostWindowMetadata(AttentionMetadata):
-    """Metadata carrying the sliding-window start as one Python int per batch."""
+    """Metadata carrying each token's sliding-window start as Python ints."""
 
-    window_start_host: int = 0
+    window_start_host: tuple = ()
+    positions_host: tuple = ()
+    window: int = 0
 
     def window_starts(self) -> torch.Tensor:
-        return torch.full_like(self.window_start, self.window_start_host)
+        starts = torch.zeros_like(self.window_start)
+        starts[: len(self.window_start_host)] = torch.tensor(self.window_start_host, dtype=starts.dtype)
+        return starts
 
 
 class FrozenWindowState:
-    """The sliding-window start (position-dependent builder state) is handed over as a Python int."""
+    """The sliding-window starts (position-dependent builder state) are handed over as Python ints: right
+    in eager code, which rebuilds the tensor every forward; baked into a graph at capture."""
 
     metadata_class = HostWindowMetadata
 
@@ -78,13 +83,15 @@ class FrozenWindowState:
                   max_seq_len):
         meta = super().make_view(num_tokens_padded, num_reqs_padded, num_reqs, num_actual_tokens,
                                  max_query_len, max_seq_len)
-        starts = self.buffers["window_start"][:num_actual_tokens]
-        meta.window_start_host = int(starts.min()) if starts.numel() else 0
+        meta.window = self.sliding_window
+        meta.positions_host = tuple(self.buffers["positions"][:num_actual_tokens].tolist())
+        meta.window_start_host = tuple(self.buffers["window_start"][:num_actual_tokens].tolist())
         return meta
 
     def advance_window(self, meta, positions, n):
         super().advance_window(meta, positions, n)
-        meta.window_start_host += 1
+        meta.positions_host = tuple(p + 1 for p in meta.positions_host)
+        meta.window_start_host = tuple(max(0, p - meta.window + 1) for p in meta.positions_host)
 
 
 class PaddedRowsUnmasked:

@@ -127,18 +127,20 @@ def run_mode(pair, scenario: Scenario, mode: str, backend: str, device: torch.de
 
 
 def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.device,
-                  parts: EngineParts = EngineParts(), poison: bool = True, progress=None) -> ModeRun:
+                  parts: EngineParts = EngineParts(), poison: bool = True, progress=None,
+                  inert_reads: bool = False) -> ModeRun:
     """`mode`'s strict padded reference: its dispatcher, eager execution, padding poisoned (or not).
 
-    Poisoned, it also probes the padding contract (two poisons, `engine.padding_probe`).
+    Poisoned, it also probes the padding contract (two poisons, `engine.padding_probe`); `inert_reads` adds
+    the diagnosis experiment that moves INERT padded entries off their pad values.
     """
     probes = []
 
     def install(engine):
         # The probe outlives the run (its summary is read after): it must not keep the engine alive.
         held = weakref.ref(engine)
-        probe = (PaddingProbe(lambda: held().free_blocks(), engine.config.block_size, lambda: held().step)
-                 if poison else None)
+        probe = (PaddingProbe(lambda: held().free_blocks(), engine.config.block_size, lambda: held().step,
+                              inert_reads) if poison else None)
         if probe is not None:
             probes.append(probe)
         install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode, poison=poison,
@@ -147,8 +149,7 @@ def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.
     run = _run(pair, scenario, name, "reference", device, parts, install, progress)
     if probes:
         run.padding_probe = probes[0].summary()
-        if run.result is not None and run.timing.get("run_seconds"):
-            run.padding_probe["share_of_run"] = round(probes[0].seconds / run.timing["run_seconds"], 4)
+        run.timing["padding_probe_seconds"] = round(probes[0].seconds, 3)
     return run
 
 

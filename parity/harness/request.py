@@ -35,6 +35,7 @@ class RunRequest:
     dtype: str = "auto"
     bisect: bool = True
     device_memory: float | None = None     # GiB the memory plan may use (None: what the device has free)
+    check_unpadded: bool = False           # also run eager one request at a time (`harness.unpadded`)
 
 
 def resolve_modes(requested: tuple[str, ...] | None, scenario: Scenario) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import weakref
 from dataclasses import dataclass
 
 from parity.analysis.compare import compare_runs, describe_leak
-from parity.analysis.kinds import NONE, PADDING_LEAK
+from parity.analysis.kinds import NONE, PADDING_LEAK, PADDING_NUMERICS
 from parity.analysis.reference_parity import reference_parity
 from parity.analysis.summary import build_summary
 from parity.diagnose import bisect_mode
@@ -25,6 +25,7 @@ from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
                                     resolve_backend, resolve_modes)
 from parity.harness.scenario import Scenario
+from parity.harness.unpadded import check_unpadded
 
 
 @dataclass
@@ -53,12 +54,17 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
         with watch("analysis_seconds"):
             comparisons = compare_runs(runs, scenario)
             check_padding(pair, scenario, device, request, runs, comparisons)
+        unpadded = None
+        if request.check_unpadded:
+            with watch("unpadded_seconds"):
+                unpadded = check_unpadded(pair, scenario, backend, device, request.parts, runs)
         diagnoses = {}
         if request.bisect:
             drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
             for mode in drifting:
                 padding = comparisons[mode].padding or {}
-                found = padding_diagnosis(mode, comparisons[mode])
+                with watch("bisect_seconds"):
+                    found = padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode])
                 if found is not None:
                     diagnoses[mode] = found
                     continue
@@ -73,6 +79,9 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
                             **checkpoint_paths(pair),
                             diagnosis=first)
     summary["diagnoses"] = diagnoses
+    if unpadded is not None:
+        unpadded.pop("seconds", None)
+        summary["unpadded"] = unpadded
     summary["measured"] = measured_block(watch, runs, plan, bisect_seconds)
     return RunOutcome(summary, runs, scenario)
 
@@ -112,21 +121,19 @@ def check_padding(pair, scenario: Scenario, device, request: RunRequest, runs: R
                                   else ""))
 
 
-def padding_diagnosis(mode: str, cmp) -> dict | None:
-    """The diagnosis the padding probe made for `mode` (PADDING_LEAK, the leaking buffers), or None (bisect).
+def padding_diagnosis(pair, scenario: Scenario, mode: str, device, request: RunRequest, cmp) -> dict | None:
+    """What the padding checks conclude for a drifting `mode`, or None (then the bisector localises it).
 
-    Used when the graph equals its reference bit for bit (the padding bug is
-    shared, and there is no divergence to bisect), or when the region read is
-    one that only the reference poisons (a buffer's tail, unowned KV slots):
-    then that poisoning is why the two differ. The probe's experiments
-    isolated the region: re-running the padded forward
-    with one region's poison changed (or the contract restored), the live
-    outputs changed. No bisection can add to that, and the graph may well
-    equal its reference bit for bit.
+    - PADDING_LEAK from the padding probe, when its re-runs isolated a region
+      and either the graph equals its reference bit for bit (a shared bug:
+      nothing to bisect) or the region is one only the reference poisons (a
+      tail, unowned KV slots: that poisoning is why the two differ);
+    - when nothing was isolated and the graph equals a reference that departs
+      from eager beyond the fixed bound: `inert_read_diagnosis`.
     """
     leak = (cmp.padding_contract or {}).get("first")
     if not leak or not leak["buffers"]:
-        return None
+        return inert_read_diagnosis(pair, scenario, mode, device, request, cmp) if shared_departure(cmp) else None
     shared = cmp.reference is None or cmp.reference.bitwise_equal
     # A tail or unowned KV slot only the reference poisons explains a graph-vs-reference difference too.
     poisoned_only_there = bool({"tail", "kv"} & set(leak["kinds"]))
@@ -137,6 +144,49 @@ def padding_diagnosis(mode: str, cmp) -> dict | None:
                      step=leak["step"], draft_step=leak["draft_step"], forward_index=leak["forward"],
                      evidence=[f"the padded reference's {describe_leak(leak)}"] + list(leak["evidence"]),
                      experiment=leak["experiment"], timing={}).as_dict()
+
+
+def shared_departure(cmp) -> bool:
+    """The graph equals its reference bit for bit, and the reference departs from eager beyond the bound."""
+    return (cmp.reference is not None and cmp.reference.bitwise_equal and cmp.numerics is not None
+            and cmp.numerics.beyond_bound)
+
+
+def inert_read_diagnosis(pair, scenario: Scenario, mode: str, device, request: RunRequest, cmp) -> dict | None:
+    """A shared departure the two poisons did not explain: re-run the reference, moving each INERT buffer's
+    padded entries off their pad value at its probed forwards; a buffer whose move changes live outputs is
+    read for a live row (PADDING_LEAK). Otherwise PADDING_NUMERICS."""
+    name = cmp.reference.reference
+    run = run_reference(pair, scenario, mode, name, device, request.parts, inert_reads=True)
+    leak = next((leak for leak in (run.padding_probe or {}).get("leaks", []) if leak["buffers"]), None)
+    if leak is None:
+        return numerics_diagnosis(mode, cmp, (cmp.padding_contract or {}).get("first"))
+    n = cmp.numerics
+    evidence = [f"the graph equals its padded reference bit for bit; the reference departs from eager by max "
+                f"|Δ logprob| {n.noise:.3g}, beyond the bound {n.bound:.3g}",
+                f"the padded reference's {describe_leak(leak)}"] + list(leak["evidence"])
+    return Diagnosis(PADDING_LEAK, list(leak["buffers"]), mode, owner=leak["owner"], phase=leak["phase"],
+                     step=leak["step"], draft_step=leak["draft_step"], forward_index=leak["forward"],
+                     evidence=evidence, experiment=leak["experiment"],
+                     ruled_out=["a FREE padded entry, a buffer tail or an unowned KV slot (two poisons)"],
+                     timing={}).as_dict()
+
+
+def numerics_diagnosis(mode: str, cmp, leak: dict | None) -> dict | None:
+    """PADDING_NUMERICS: the graph equals its reference bit for bit, the reference departs from eager beyond
+    the fixed bound, and the padding probe isolated no region. Nothing differs for a bisection to localise."""
+    bitwise = cmp.reference is not None and cmp.reference.bitwise_equal
+    if not bitwise or cmp.numerics is None or not cmp.numerics.beyond_bound:
+        return None
+    n = cmp.numerics
+    evidence = [f"the graph equals its padded reference bit for bit; the reference departs from eager by max "
+                f"|Δ logprob| {n.noise:.3g} on same-context records, beyond the bound {n.bound:.3g}"]
+    if leak:
+        evidence.append(f"the padding probe saw live outputs change with the padding but isolated no region: "
+                        f"{describe_leak(leak)}")
+    ruled_out = ["a padded entry, a buffer tail or an unowned KV slot read by a live row (the padding probe, "
+                 "two poisons)"]
+    return Diagnosis(PADDING_NUMERICS, [], mode, evidence=evidence, ruled_out=ruled_out, timing={}).as_dict()
 
 
 def bisect_session(request: RunRequest, mode: str | None) -> dict:
@@ -163,7 +213,7 @@ def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, dev
             return {"kind": NONE, "buffers": [], "mode": None,
                     "evidence": [f"no mode of {', '.join(modes)} drifts from eager"], "replays": 0}
         mode = drifting[0]
-        found = padding_diagnosis(mode, comparisons[mode])
+        found = padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode])
         if found is not None:
             found.pop("timing", None)
             return found

@@ -57,6 +57,12 @@ def numerics_lines(summary: dict) -> list[str]:
     return lines
 
 
+def unpadded_lines(summary: dict) -> list[str]:
+    """`--check-unpadded`: one line on whether eager itself agrees with an unpadded single-request run."""
+    u = summary.get("unpadded")
+    return [u["line"]] if u else []
+
+
 def verdict_words(summary: dict) -> str:
     graph = [m for m in summary["modes"] if summary["modes"][m].get("reference") is not None]
     drifted = [m for m, v in summary["modes"].items() if v["verdict"] == "drift"]
