@@ -10,6 +10,7 @@ import dataclasses
 
 import torch
 
+from parity.engine.kv_cache import PAD_SLOT
 from parity.engine.metadata import AttentionMetadata
 
 
@@ -59,6 +60,10 @@ class StaleBlockTable:
         meta.block_table = table.to(self.buffers.device)
 
 
+# Host buffers a captured graph copies from (kept for as long as the process runs: a planted fault).
+CAPTURED_HOST_VALUES: list = []
+
+
 @dataclasses.dataclass
 class HostWindowMetadata(AttentionMetadata):
     """Metadata carrying each token's sliding-window start as Python ints."""
@@ -69,7 +74,14 @@ class HostWindowMetadata(AttentionMetadata):
 
     def window_starts(self) -> torch.Tensor:
         starts = torch.zeros_like(self.window_start)
-        starts[: len(self.window_start_host)] = torch.tensor(self.window_start_host, dtype=starts.dtype)
+        host = torch.tensor(self.window_start_host, dtype=starts.dtype)
+        if starts.is_cuda:
+            # A copy from pageable memory cannot be captured; a pinned one can, and a graph then replays
+            # it from this very buffer, which must outlive the graph.
+            host = host.pin_memory()
+            if torch.cuda.is_current_stream_capturing():
+                CAPTURED_HOST_VALUES.append(host)
+        starts[: len(host)].copy_(host, non_blocking=True)
         return starts
 
 
@@ -205,8 +217,17 @@ class SeqLensFromTail:
 
 
 class PaddedSlotsReused:
-    """Padded tokens' slot_mapping entries are not written: they keep the slots of an earlier batch, whose
-    blocks may since have been freed and handed to a live request."""
+    """Padded tokens' slot_mapping entries keep slots of an earlier batch instead of PAD: once that batch's
+    request finished and its blocks went to another, padded tokens write KV a live request owns.
+
+    (The stale slots are ones this forward's live tokens do not write: a padded token and a live one writing
+    the same slot in one forward race on CUDA, which would make the bug's first sign depend on the backend.)"""
 
     def write(self, name, values, pad, num_tokens):
-        super().write(name, values, 0 if name == "slot_mapping" else pad, num_tokens)
+        if name != "slot_mapping":
+            return super().write(name, values, pad, num_tokens)
+        live = set(values)
+        earlier = [slot for slot in getattr(self, "_earlier_slots", []) if slot not in live and slot >= 0]
+        filler = [earlier[i % len(earlier)] for i in range(pad)] if earlier else [PAD_SLOT] * pad
+        self.buffers[name][: len(values) + pad].copy_(torch.tensor(values + filler, dtype=torch.int64))
+        self._earlier_slots = (list(values) + earlier)[:4096]
