@@ -35,12 +35,14 @@ class Yardstick:
     seam_scale: float = 0.0
 
     @property
+    def dtype_bound(self) -> float:
+        """The dtype's calibrated bound (an unmeasured dtype gets the largest)."""
+        return DTYPE_BOUNDS.get(self.dtype, max(DTYPE_BOUNDS.values()))
+
+    @property
     def bound(self) -> float:
-        return DTYPE_BOUNDS.get(self.dtype, max(DTYPE_BOUNDS.values())) + 2 * self.seam_scale
+        return self.dtype_bound + 2 * self.seam_scale
 
     def describe(self) -> str:
         seam = f" + 2 x the numerics seam's {self.seam_scale:g}" if self.seam_scale else ""
-        return f"{self.bound:.3g} ({self.dtype}'s padding-numerics bound {DTYPE_BOUNDS.get(self.dtype)}{seam})"
-
-    def as_dict(self) -> dict:
-        return {"dtype": self.dtype, "seam_scale": self.seam_scale, "bound": self.bound}
+        return f"{self.bound:.3g} ({self.dtype}'s padding-numerics bound {self.dtype_bound:g}{seam})"

@@ -71,7 +71,6 @@ class Leak:
     kinds: list[str] = field(default_factory=list)      # of the isolated regions: contract, padded, tail, kv, writes
     evidence: list[str] = field(default_factory=list)
     experiment: str | None = None                       # the experiment that isolated `buffers`
-    localised: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -137,10 +136,7 @@ class PaddingProbe:
             return self._inert_reads(owner, dispatch, meta, index, run, out_a, result)
         if not changed:
             return result
-        draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
-        leak = Leak(owner.name, dispatch.phase, index, self.step(), draft_step, dispatch.num_tokens,
-                    dispatch.num_tokens_padded, dispatch.num_reqs, dispatch.num_reqs_padded, changed)
-        self.leaks.append(leak)
+        leak = self._leak(owner, dispatch, meta, index, changed)
         phase = (owner.name, dispatch.phase)
         if phase not in self.localised_phases and len(self.localised_phases) < MAX_LEAKS_LOCALISED:
             self.localised_phases.add(phase)
@@ -154,8 +150,14 @@ class PaddingProbe:
             _, result = run([])
         return result
 
+    def _leak(self, owner, dispatch, meta, index: int, outputs: list[str]) -> Leak:
+        draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
+        leak = Leak(owner.name, dispatch.phase, index, self.step(), draft_step, dispatch.num_tokens,
+                    dispatch.num_tokens_padded, dispatch.num_reqs, dispatch.num_reqs_padded, outputs)
+        self.leaks.append(leak)
+        return leak
+
     def _localise(self, leak: Leak, owner, dispatch, run, out_a, every, pre: PreState) -> None:
-        leak.localised = True
         pre.restore()
         off = off_contract(owner.buffers, dispatch)
         if off:
@@ -199,16 +201,11 @@ class PaddingProbe:
         read = [r for r in inert_regions(owner.buffers, dispatch) if differing(out_a, run([r])[0])]
         if not read:
             return result
-        draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
-        self.leaks.append(Leak(owner.name, dispatch.phase, index, self.step(), draft_step, dispatch.num_tokens,
-                               dispatch.num_tokens_padded, dispatch.num_reqs, dispatch.num_reqs_padded,
-                               sorted(differing(out_a, run(read)[0])), sorted({r.buffer for r in read}),
-                               [r.label() for r in read], ["inert"],
-                               [f"moving the padded entries of {', '.join(r.buffer for r in read)} off their pad "
-                                f"values (to other well-formed values) changes live outputs: a live row reads a "
-                                f"padded row's entry"],
-                               "the padded forward re-run with one INERT buffer's padded entries moved off their "
-                               "pad value", True))
+        leak = self._leak(owner, dispatch, meta, index, sorted(differing(out_a, run(read)[0])))
+        leak.buffers, leak.regions, leak.kinds = sorted({r.buffer for r in read}), [r.label() for r in read], ["inert"]
+        leak.experiment = "the padded forward re-run with one INERT buffer's padded entries moved off their pad value"
+        leak.evidence = [f"moving the padded entries of {', '.join(r.buffer for r in read)} off their pad values (to "
+                         f"other well-formed values) changes live outputs: a live row reads a padded row's entry"]
         _, result = run([])
         return result
 

@@ -9,18 +9,18 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from parity.analysis.compare import compare_runs, describe_leak
-from parity.analysis.kinds import NONE, PADDING_LEAK, PADDING_NUMERICS
+from parity.analysis.compare import compare_runs
+from parity.analysis.kinds import NONE
 from parity.analysis.reference_parity import reference_parity
 from parity.analysis.summary import build_summary
 from parity.diagnose import bisect_mode
-from parity.diagnose.diagnosis import Diagnosis
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
 from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
+from parity.harness.padding_diagnosis import padding_diagnosis
 from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
                                     resolve_backend, resolve_modes)
@@ -80,7 +80,6 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
                             diagnosis=first)
     summary["diagnoses"] = diagnoses
     if unpadded is not None:
-        unpadded.pop("seconds", None)
         summary["unpadded"] = unpadded
     summary["measured"] = measured_block(watch, runs, plan, bisect_seconds)
     return RunOutcome(summary, runs, scenario)
@@ -119,74 +118,6 @@ def check_padding(pair, scenario: Scenario, device, request: RunRequest, runs: R
             cmp.reasons.append(f"padding is not inert: {name} changes when its padded entries are poisoned"
                                + ("; the graph itself matches the reference on clean padding" if matches_clean
                                   else ""))
-
-
-def padding_diagnosis(pair, scenario: Scenario, mode: str, device, request: RunRequest, cmp) -> dict | None:
-    """What the padding checks conclude for a drifting `mode`, or None (then the bisector localises it).
-
-    - PADDING_LEAK from the padding probe, when its re-runs isolated a region
-      and either the graph equals its reference bit for bit (a shared bug:
-      nothing to bisect) or the region is one only the reference poisons (a
-      tail, unowned KV slots: that poisoning is why the two differ);
-    - when nothing was isolated and the graph equals a reference that departs
-      from eager beyond the fixed bound: `inert_read_diagnosis`.
-    """
-    leak = (cmp.padding_contract or {}).get("first")
-    if not leak or not leak["buffers"]:
-        return inert_read_diagnosis(pair, scenario, mode, device, request, cmp) if shared_departure(cmp) else None
-    shared = cmp.reference is None or cmp.reference.bitwise_equal
-    # A tail or unowned KV slot only the reference poisons explains a graph-vs-reference difference too.
-    poisoned_only_there = bool({"tail", "kv"} & set(leak["kinds"]))
-    if not shared and not poisoned_only_there:
-        # The graph parts from its reference: the bisector localises that divergence in lockstep.
-        return None
-    return Diagnosis(PADDING_LEAK, list(leak["buffers"]), mode, owner=leak["owner"], phase=leak["phase"],
-                     step=leak["step"], draft_step=leak["draft_step"], forward_index=leak["forward"],
-                     evidence=[f"the padded reference's {describe_leak(leak)}"] + list(leak["evidence"]),
-                     experiment=leak["experiment"], timing={}).as_dict()
-
-
-def shared_departure(cmp) -> bool:
-    """The graph equals its reference bit for bit, and the reference departs from eager beyond the bound."""
-    return (cmp.reference is not None and cmp.reference.bitwise_equal and cmp.numerics is not None
-            and cmp.numerics.beyond_bound)
-
-
-def inert_read_diagnosis(pair, scenario: Scenario, mode: str, device, request: RunRequest, cmp) -> dict | None:
-    """A shared departure the two poisons did not explain: re-run the reference, moving each INERT buffer's
-    padded entries off their pad value at its probed forwards; a buffer whose move changes live outputs is
-    read for a live row (PADDING_LEAK). Otherwise PADDING_NUMERICS."""
-    name = cmp.reference.reference
-    run = run_reference(pair, scenario, mode, name, device, request.parts, inert_reads=True)
-    leak = next((leak for leak in (run.padding_probe or {}).get("leaks", []) if leak["buffers"]), None)
-    if leak is None:
-        return numerics_diagnosis(mode, cmp, (cmp.padding_contract or {}).get("first"))
-    n = cmp.numerics
-    evidence = [f"the graph equals its padded reference bit for bit; the reference departs from eager by max "
-                f"|Δ logprob| {n.noise:.3g}, beyond the bound {n.bound:.3g}",
-                f"the padded reference's {describe_leak(leak)}"] + list(leak["evidence"])
-    return Diagnosis(PADDING_LEAK, list(leak["buffers"]), mode, owner=leak["owner"], phase=leak["phase"],
-                     step=leak["step"], draft_step=leak["draft_step"], forward_index=leak["forward"],
-                     evidence=evidence, experiment=leak["experiment"],
-                     ruled_out=["a FREE padded entry, a buffer tail or an unowned KV slot (two poisons)"],
-                     timing={}).as_dict()
-
-
-def numerics_diagnosis(mode: str, cmp, leak: dict | None) -> dict | None:
-    """PADDING_NUMERICS: the graph equals its reference bit for bit, the reference departs from eager beyond
-    the fixed bound, and the padding probe isolated no region. Nothing differs for a bisection to localise."""
-    bitwise = cmp.reference is not None and cmp.reference.bitwise_equal
-    if not bitwise or cmp.numerics is None or not cmp.numerics.beyond_bound:
-        return None
-    n = cmp.numerics
-    evidence = [f"the graph equals its padded reference bit for bit; the reference departs from eager by max "
-                f"|Δ logprob| {n.noise:.3g} on same-context records, beyond the bound {n.bound:.3g}"]
-    if leak:
-        evidence.append(f"the padding probe saw live outputs change with the padding but isolated no region: "
-                        f"{describe_leak(leak)}")
-    ruled_out = ["a padded entry, a buffer tail or an unowned KV slot read by a live row (the padding probe, "
-                 "two poisons)"]
-    return Diagnosis(PADDING_NUMERICS, [], mode, evidence=evidence, ruled_out=ruled_out, timing={}).as_dict()
 
 
 def bisect_session(request: RunRequest, mode: str | None) -> dict:

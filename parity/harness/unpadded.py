@@ -39,5 +39,4 @@ def check_unpadded(pair, scenario: Scenario, backend: str, device, parts, runs: 
         line = (f"eager agrees with an unpadded single-request run (max |Δ logprob| {apart.noise:.3g}, within "
                 f"the bound {bound:.3g})")
     return {"max_abs_logprob_diff": apart.noise, "bound": bound, "token_flips": apart.token_flips,
-            "references_agreeing_with_eager": agree, "engine_wrong": engine_wrong, "line": line,
-            "seconds": solo.timing.get("run_seconds")}
+            "references_agreeing_with_eager": agree, "engine_wrong": engine_wrong, "line": line}
