@@ -8,32 +8,25 @@ padded forwards of the reference under two different poisons of everything
 that is not a live entry:
 
 - FREE padded entries (padded tokens' ids, positions, hidden states; padded
-  rows' block tables, request ids, sample rows): poison A copies live entries
-  (the reference's own, `buffers.poison_padding`), poison B alternates 0 with
-  live entries picked another way;
-- the tail of every batch-indexed input buffer, past the padded shape, INERT
-  buffers included (query_start_loc, seq_lens, slot_mapping, block-table
-  rows): what a correct forward at this shape never reads;
-- KV slots no live request owns (free blocks and the trash row): two
-  different constants.
+  rows' block tables, request ids, sample rows);
+- the tail of every batch-indexed input buffer past the padded shape, INERT
+  ones included: what a correct forward at this shape never reads;
+- KV slots no request holds (free blocks and the trash row).
+(`buffers.fill_like_live`: A copies live entries, B differs from A everywhere.)
 
 INERT padded entries (PAD slots, zero seq_lens, clamped query_start_loc) are
 kept as the builder wrote them: they carry meaning (a PAD slot skips the
 write), so the contract for them is their exact pad value, which is checked.
 
-Live outputs (every returned tensor's live rows, the live rows of every
-buffer the forward declares it writes, the KV rows the live tokens own) must be equal bit for bit
-under both poisons. When they are not, the forward is re-run from its
-pre-state to name what leaks: first the contract (padded INERT entries off
-their pad value: does restoring them make the two poisons agree?), then each
-poisoned region alone (poison B in one region, A everywhere else).
+Live outputs (returned rows, the rows the forward declares it writes, the
+live tokens' KV rows) must agree bit for bit. When they do not, re-runs from
+the pre-state name what leaks: a contract repair, padded KV writes landing in
+live slots, or one region's poison alone.
 
-Cost: one extra forward per probed forward, and one forward per region on the
-first leak of each phase. Probed: the first forward of every distinct
-(owner, phase, padded shape, live shape), and every `EVERY`th padded forward
-after it (what the padding holds changes with the batches before: a stale
-entry needs a larger batch first); the reference's other forwards get poison
-A only.
+Cost: one extra forward per probed forward, and a few per region on the first
+leak of each phase. Probed: the first forward of every distinct (owner, phase,
+padded shape, live shape), and every `EVERY`th padded forward (a stale entry
+needs a larger batch first); the others get poison A only.
 """
 
 from __future__ import annotations
@@ -68,7 +61,7 @@ class Leak:
     outputs: list[str]            # live outputs that differ between the two poisons
     buffers: list[str] = field(default_factory=list)    # what leaks (empty: not isolated)
     regions: list[str] = field(default_factory=list)    # e.g. "seq_lens padded rows off the pad value 0"
-    kinds: list[str] = field(default_factory=list)      # of the isolated regions: contract, padded, tail, kv, writes
+    kinds: list[str] = field(default_factory=list)      # contract, padded, tail, kv, writes, inert; race
     evidence: list[str] = field(default_factory=list)
     experiment: str | None = None                       # the experiment that isolated `buffers`
 
@@ -143,12 +136,38 @@ class PaddingProbe:
             again, result = run([])
             if differing(out_a, again):
                 leak.evidence.append(f"the forward does not reproduce its own live outputs under the same poison "
-                                     f"({', '.join(differing(out_a, again)[:4])}): no region can be isolated")
+                                     f"({', '.join(differing(out_a, again)[:4])})")
+                self._repair_race(leak, owner, dispatch, run, every, pre)
+                _, result = run([])
                 return result
             self._localise(leak, owner, dispatch, run, out_a, every, pre)
             # The forward whose state the run goes on from is poison A's, as for every other forward.
             _, result = run([])
         return result
+
+    def _repair_race(self, leak: Leak, owner, dispatch, run, every, pre: PreState) -> None:
+        """A forward that does not reproduce itself (padded tokens racing live ones for a KV slot, on CUDA):
+        the contract breach whose repair makes it reproduce and the two poisons agree is named; else nothing."""
+        pre.restore()
+        off = off_contract(owner.buffers, dispatch)
+        for names in [[name] for name in sorted(off)] + ([sorted(off)] if len(off) > 1 else []):
+            fixed_a, _ = run([], repair=names)
+            if not differing(fixed_a, run([], repair=names)[0]) and not differing(fixed_a, run(every, repair=names)[0]):
+                self._name_breach(leak, names, off)
+                leak.kinds.append("race")
+                leak.evidence.append(f"with {', '.join(names)} padded entries at their pad values the forward "
+                                     f"reproduces itself: padded tokens raced live ones")
+                return
+        leak.evidence.append("no contract repair makes it reproduce: no region can be isolated")
+
+    def _name_breach(self, leak: Leak, names: list[str], off: dict) -> None:
+        leak.buffers, leak.kinds = names, ["contract"]
+        leak.regions = [f"{name} padded entries off the pad value {off[name][0]} ({off[name][1]} of them)"
+                        for name in names]
+        leak.experiment = (f"the padded forward re-run under both poisons with {', '.join(names)}'s padded entries "
+                           f"set to their pad values")
+        leak.evidence.append(f"with {', '.join(names)} padded entries set to their pad values, the two poisons give "
+                             f"the same live outputs: the builder breaks the padding contract")
 
     def _leak(self, owner, dispatch, meta, index: int, outputs: list[str]) -> Leak:
         draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
@@ -166,13 +185,7 @@ class PaddingProbe:
                 fixed_a, _ = run([], repair=names)
                 fixed_b, _ = run(every, repair=names)
                 if not differing(fixed_a, fixed_b):
-                    leak.buffers, leak.kinds = names, ["contract"]
-                    leak.regions = [f"{name} padded entries off the pad value {off[name][0]} ({off[name][1]} of "
-                                    f"them)" for name in names]
-                    leak.experiment = (f"the padded forward re-run under both poisons with {', '.join(names)}'s "
-                                       f"padded entries set to their pad values")
-                    leak.evidence = [f"with {', '.join(names)} padded entries set to their pad values, the two "
-                                     f"poisons give the same live outputs: the builder breaks the padding contract"]
+                    self._name_breach(leak, names, off)
                     return
             leak.evidence.append(f"{', '.join(sorted(off))} padded entries are off their pad values, but restoring "
                                  f"them does not make the two poisons agree")

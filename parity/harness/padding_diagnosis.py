@@ -11,7 +11,7 @@ they differ, the answer comes from here.
 from __future__ import annotations
 
 from parity.analysis.compare import describe_leak
-from parity.analysis.kinds import PADDING_LEAK, PADDING_NUMERICS
+from parity.analysis.kinds import NONE, PADDING_LEAK, PADDING_NUMERICS, UNEXPLAINED
 from parity.diagnose.diagnosis import Diagnosis
 from parity.harness.modes import run_reference
 
@@ -23,8 +23,9 @@ def padding_diagnosis(pair, scenario, mode: str, device, request, cmp) -> dict |
 
     - PADDING_LEAK from the padding probe, when its re-runs isolated a region
       and either the graph equals its reference bit for bit (a shared bug:
-      nothing to bisect) or the region is one only the reference poisons (a
-      tail, unowned KV slots: that poisoning is why the two differ);
+      nothing to bisect), or the region is one only the reference poisons (a
+      tail, unowned KV slots: that poisoning is why the two differ), or the
+      forward raced (it reproduced once the padded entries were repaired);
     - when nothing was isolated and the graph equals a reference that departs
       from eager beyond the fixed bound: `inert_read_diagnosis`.
     """
@@ -32,11 +33,25 @@ def padding_diagnosis(pair, scenario, mode: str, device, request, cmp) -> dict |
     if not leak or not leak["buffers"]:
         return inert_read_diagnosis(pair, scenario, mode, device, request, cmp) if shared_departure(cmp) else None
     shared = cmp.reference is None or cmp.reference.bitwise_equal
-    # A tail or unowned KV slot only the reference poisons explains a graph-vs-reference difference too.
-    poisoned_only_there = bool({"tail", "kv"} & set(leak["kinds"]))
-    if not shared and not poisoned_only_there:
+    # A tail or unowned KV slot only the reference poisons explains a graph-vs-reference difference too; and a
+    # forward padded tokens make irreproducible leaves a lockstep bisection nothing stable to localise.
+    probe_first = bool({"tail", "kv", "race"} & set(leak["kinds"]))
+    if not shared and not probe_first:
         return None
     return leak_diagnosis(mode, leak, [])
+
+
+def unless_unexplained(diagnosis: dict, cmp) -> dict:
+    """The bisection's answer, unless it explained nothing and the padding probe isolated a region: then the
+    probe's (a forward that padded tokens make irreproducible, racing live ones for a KV slot on CUDA, leaves
+    the lockstep bisection nothing stable to localise)."""
+    leak = ((cmp.padding_contract or {}).get("first") if cmp is not None else None) or {}
+    if diagnosis["kind"] not in (UNEXPLAINED, NONE) or not leak.get("buffers"):
+        return diagnosis
+    found = leak_diagnosis(diagnosis["mode"], leak, [f"the bisection explained nothing ({diagnosis['kind']})"],
+                           ruled_out=diagnosis.get("ruled_out") or ())
+    found["timing"] = diagnosis.get("timing")
+    return found
 
 
 def shared_departure(cmp) -> bool:

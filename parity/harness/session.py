@@ -20,7 +20,7 @@ from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
 from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
-from parity.harness.padding_diagnosis import padding_diagnosis
+from parity.harness.padding_diagnosis import padding_diagnosis, unless_unexplained
 from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
                                     resolve_backend, resolve_modes)
@@ -69,8 +69,9 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
                     diagnoses[mode] = found
                     continue
                 with watch("bisect_seconds"):
-                    diagnoses[mode] = diagnose(pair, scenario, mode, backend, device, request,
-                                               padding.get("graph_equals_clean_reference", False)).as_dict()
+                    diagnoses[mode] = unless_unexplained(
+                        diagnose(pair, scenario, mode, backend, device, request,
+                                 padding.get("graph_equals_clean_reference", False)).as_dict(), comparisons[mode])
     # NOTE: a diagnosis' seconds go with the other measured figures, not into the diagnosis itself.
     bisect_seconds = {mode: (d.pop("timing", None) or {}).get("bisect_seconds") for mode, d in diagnoses.items()}
     first = next(iter(diagnoses.values()), None)
@@ -135,6 +136,7 @@ def bisect_session(request: RunRequest, mode: str | None) -> dict:
 
 
 def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, device, request: RunRequest) -> dict:
+    comparison = None
     if mode is None:
         modes = resolve_modes(request.modes, scenario)
         runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy)
@@ -144,11 +146,12 @@ def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, dev
             return {"kind": NONE, "buffers": [], "mode": None,
                     "evidence": [f"no mode of {', '.join(modes)} drifts from eager"], "replays": 0}
         mode = drifting[0]
-        found = padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode])
+        comparison = comparisons[mode]
+        found = padding_diagnosis(pair, scenario, mode, device, request, comparison)
         if found is not None:
             found.pop("timing", None)
             return found
-    return diagnose(pair, scenario, mode, backend, device, request).as_dict()
+    return unless_unexplained(diagnose(pair, scenario, mode, backend, device, request).as_dict(), comparison)
 
 
 def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, request: RunRequest,
