@@ -107,6 +107,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "issue 27", "default", GRAPH_MODES,
           "padded tokens keep the slots of an earlier batch instead of PAD: once those blocks are freed and "
           "handed to another request, padded tokens write into KV a live request owns"),
+    Fault("draft-bound-batch-min", PADDING_LEAK, ("seq_lens",), "EagleProposer.step_forward",
+          "issue 27", "s002-padded-drafter", GRAPH_MODES,
+          "draft decode steps bound every row's context by the batch's shortest, reduced on the device over the "
+          "padded rows too: a padded row's zero becomes each live row's bound"),
 ]}
 
 

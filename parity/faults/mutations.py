@@ -231,3 +231,14 @@ class PaddedSlotsReused:
         filler = [earlier[i % len(earlier)] for i in range(pad)] if earlier else [PAD_SLOT] * pad
         self.buffers[name][: len(values) + pad].copy_(torch.tensor(values + filler, dtype=torch.int64))
         self._earlier_slots = (list(values) + earlier)[:4096]
+
+
+class DraftBoundBatchMin:
+    """Draft decode steps (one token per row) bound every row's context by the batch's shortest, reduced in
+    place inside the step over all rows of the padded batch: a padded row's zero seq_len becomes every live
+    row's bound (a reduction that should have stopped at the live rows)."""
+
+    def step_forward(self, num_tokens_padded, num_reqs_padded, meta):
+        seq_lens = meta.seq_lens[:num_reqs_padded]
+        seq_lens.copy_(torch.minimum(seq_lens, seq_lens.min()))
+        return super().step_forward(num_tokens_padded, num_reqs_padded, meta)

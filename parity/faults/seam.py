@@ -46,6 +46,7 @@ MUTATIONS: dict[str, Mutation] = {
     "query-start-loc-one-short": Mutation(("proposer",), m.QueryStartLocOneShort),
     "seq-lens-from-tail": Mutation(BUILDERS, m.SeqLensFromTail),
     "padded-slots-reused": Mutation(BUILDERS, m.PaddedSlotsReused),
+    "draft-bound-batch-min": Mutation(("proposer",), m.DraftBoundBatchMin),
 }
 
 

@@ -8,8 +8,11 @@ CPU kernels here turned out batch-invariant (the embedded pair in bf16 gave
 
 `simulate_padding_numerics(parts, scale)` replaces the target runner and the
 proposer with subclasses whose logits steps add `scale * noise(T)` whenever a
-forward is padded (its real token count, `query_start_loc[-1]`, is below the
-padded count T). The noise is a deterministic function of the padded shape
+forward is padded (its real token count is below the padded count T), and both
+metadata builders with subclasses that write that fact, before each forward,
+into a flag tensor of the seam's own: outside the owner's registry, so the
+seam reads no padded entry (the padding probe moves those, and would rightly
+name a read of one). The noise is a deterministic function of the padded shape
 only, computed on the device inside the forward, so a graph replay and its
 padded reference perturb identically and plain eager (never padded) not at
 all. It is a seam for tests and demonstrations (`--simulate-padding-numerics`);
@@ -22,22 +25,25 @@ import torch
 
 from parity.engine.parts import EngineParts
 
-# The persistent buffer the seam itself reads inside every forward it perturbs (its entry past the last
-# padded row: the real token count, to tell a padded forward from an unpadded one). It reads the owner's
-# registry, never the metadata object, so a graph that missed the metadata (CAPTURE_CONTEXT) is not
-# confused by the seam; but a fault that rebinds this registry buffer also reaches graphs whose own
-# forwards never read it (a PIECEWISE graph's logits step, through the seam): there the run rightly drifts.
-READS = ("query_start_loc",)
 
-
-def padding_noise(logits: torch.Tensor, buffers, meta, num_tokens_padded: int) -> torch.Tensor:
-    """scale-free noise in [-1, 1] of the logits' shape, nonzero only when the batch is padded."""
+def padding_noise(logits: torch.Tensor, padded: torch.Tensor, num_tokens_padded: int) -> torch.Tensor:
+    """Scale-free noise in [-1, 1] of the logits' shape, nonzero only when the `padded` flag is set."""
     rows, vocab = logits.shape
     index = torch.arange(rows * vocab, device=logits.device, dtype=torch.float32).view(rows, vocab)
-    noise = torch.sin(index * 12.9898 + float(num_tokens_padded) * 78.233)
-    num_reqs_padded = meta.query_start_loc.shape[0] - 1      # a shape: static per graph, nothing read
-    padded = (buffers["query_start_loc"][num_reqs_padded] != num_tokens_padded).to(torch.float32)
-    return noise * padded
+    return torch.sin(index * 12.9898 + float(num_tokens_padded) * 78.233) * padded
+
+
+class _PaddedFlag:
+    """A metadata builder that also writes whether its batch is padded into `seam_padded`, before the forward."""
+
+    def __init__(self, buffers, *args, **kwargs):
+        super().__init__(buffers, *args, **kwargs)
+        self.seam_padded = torch.zeros((), dtype=torch.float32, device=buffers.device)
+
+    def build(self, rows, num_tokens_padded, num_reqs_padded, *args, **kwargs):
+        meta = super().build(rows, num_tokens_padded, num_reqs_padded, *args, **kwargs)
+        self.seam_padded.fill_(float(sum(r.query_len for r in rows) < num_tokens_padded))
+        return meta
 
 
 class _PaddedTargetNumerics:
@@ -45,7 +51,7 @@ class _PaddedTargetNumerics:
 
     def logits(self, hidden, meta):
         logits = super().logits(hidden, meta)
-        return logits + self.numerics_scale * padding_noise(logits, self.buffers, meta, hidden.shape[0])
+        return logits + self.numerics_scale * padding_noise(logits, self.builder.seam_padded, hidden.shape[0])
 
 
 class _PaddedDraftNumerics:
@@ -53,7 +59,7 @@ class _PaddedDraftNumerics:
 
     def draft_logits(self, row_hidden, meta):
         logits = super().draft_logits(row_hidden, meta)
-        return logits + self.numerics_scale * padding_noise(logits, self.buffers, meta, _padded_tokens(meta))
+        return logits + self.numerics_scale * padding_noise(logits, self.builder.seam_padded, _padded_tokens(meta))
 
 
 def _padded_tokens(meta) -> int:
@@ -69,4 +75,6 @@ def simulate_padding_numerics(parts: EngineParts, scale: float) -> EngineParts:
                   {"numerics_scale": float(scale)})
     proposer = type(f"Simulated{parts.proposer.__name__}", (_PaddedDraftNumerics, parts.proposer),
                     {"numerics_scale": float(scale)})
-    return parts.replace(target_runner=target, proposer=proposer)
+    builders = {name: type(f"Flagged{getattr(parts, name).__name__}", (_PaddedFlag, getattr(parts, name)), {})
+                for name in ("target_builder", "drafter_builder")}
+    return parts.replace(target_runner=target, proposer=proposer, **builders)
