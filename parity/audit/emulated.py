@@ -126,11 +126,12 @@ def is_current_stream_capturing() -> bool:
 
 
 def weak_ref_tensors(outputs):
-    """Aliases of `outputs` that keep none of their pool memory, as vLLM's weak_ref_tensors does on CUDA."""
-    tensors = [t for t in (outputs if isinstance(outputs, (tuple, list)) else [outputs])
-               if isinstance(t, torch.Tensor)]
-    for pool in list(_POOLS):
-        pool.release(tensors)
+    """Aliases of `outputs` that keep none of their pool memory, as vLLM's weak_ref_tensors does on CUDA.
+
+    As on CUDA, the memory goes back to the pool when the last tensor owning it
+    dies (the pool watches those tensors), not before: an output still held
+    elsewhere (a piece's output the next piece is about to read) keeps its block.
+    """
     return tree_map(lambda t: non_owning(t) if isinstance(t, torch.Tensor) else t, outputs)
 
 
