@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.audit import GraphAudit, emulated
+from parity.audit import GraphAudit, KeyedAudit, emulated
 from tests.audit_helpers import audited_run, workload
 from tests.second_engine import SpecEngine, load_pair
 
@@ -107,3 +107,29 @@ def test_the_second_engine_computes_the_same_with_and_without_the_audit(pair, bu
     session, _, audited = audited_run(pair, bugs=set(bugs))
     assert bool(session.errors) == bool(bugs)
     assert [(r.out, r.logprobs) for r in audited] == [(r.out, r.logprobs) for r in plain]
+
+
+def test_a_keyed_audit_runs_eagerly_when_inactive_and_audits_each_key():
+    keys, active = [1], [False]
+    keyed = KeyedAudit(lambda x: x * 2, key=lambda: keys[0], active=lambda: active[0], name=lambda k: f"f[{k}]",
+                       on_mismatch="raise")
+    x = torch.ones(4)
+    assert torch.equal(keyed(x), x * 2) and keyed.audits == {}
+    active[0] = True
+    for key in (1, 2):
+        keys[0] = key
+        graph = emulated.CUDAGraph()
+        with emulated.graph(graph):
+            keyed(x)
+        graph.replay()
+    assert [(k, a.name, a.replays) for k, a in keyed.audits.items()] == [(1, "f[1]", 1), (2, "f[2]", 1)]
+
+
+@pytest.mark.gpu
+def test_a_keyed_audit_captured_where_the_audit_cannot_see_fails_loudly():
+    keyed = KeyedAudit(lambda x: x * 2, key=lambda: 1, name="f")
+    x = torch.ones(4, device="cuda")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with pytest.raises(RuntimeError, match="auto_audit"):
+        with torch.cuda.graph(graph, stream=stream):
+            keyed(x)
