@@ -133,3 +133,17 @@ def test_a_keyed_audit_captured_where_the_audit_cannot_see_fails_loudly():
     with pytest.raises(RuntimeError, match="auto_audit"):
         with torch.cuda.graph(graph, stream=stream):
             keyed(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("view", ["contiguous", "transposed", "strided"])
+def test_a_non_owning_alias_of_any_cuda_view_keeps_no_memory(view):
+    from parity.audit.aliases import non_owning
+    base = torch.randn(64, 32, device="cuda")
+    t = {"contiguous": base, "transposed": base.t(), "strided": base[::2, 1::3]}[view]
+    alias = non_owning(t)
+    assert alias.data_ptr() == t.data_ptr() and alias.stride() == t.stride() and torch.equal(alias, t)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    del base, t
+    assert torch.cuda.memory_allocated() < before          # the alias kept nothing
