@@ -19,7 +19,7 @@ and leaves no trace, as a CUDA capture (which executes nothing) does.
 
 from __future__ import annotations
 
-import weakref
+import itertools
 
 import torch
 from torch.utils._pytree import tree_map
@@ -32,16 +32,14 @@ from parity.audit.trace import WriteLog
 from parity.graphs.emulated import EmulatedBackend as _Recorders
 
 _RECORDERS = _Recorders(torch.device("cpu"))
-_POOLS: "weakref.WeakSet" = weakref.WeakSet()
+_POOL_NUMBERS = itertools.count()
 # Set by the auto-audit (pytest --parity-audit) to audit every capture; None otherwise.
 AUTO_HOOKS = None
 
 
 def graph_pool_handle():
     """A new graph memory pool (share it between captures as with torch.cuda.graph_pool_handle())."""
-    pool = _RECORDERS.new_pool(f"pool{len(_POOLS)}")
-    _POOLS.add(pool)
-    return pool
+    return _RECORDERS.new_pool(f"pool{next(_POOL_NUMBERS)}")
 
 
 class CUDAGraph:
