@@ -9,8 +9,9 @@ POOL_ALIAS (or CAPTURE_CONTEXT / UNEXPLAINED with what was ruled out).
 
 Public API (stable):
     GraphAudit, GraphParityError, GraphAuditWarning   the audit, its error and warning
-    audited_graph, graphed                             adapters (torch.cuda.graph blocks,
-                                                       make_graphed_callables-style callables)
+    audited_graph, graphed, KeyedAudit                 adapters (torch.cuda.graph blocks,
+                                                       make_graphed_callables-style callables,
+                                                       a wrapper's runnable keyed by batch descriptor)
     auto_audit, AuditSession                           audit every capture in a block (what the
                                                        pytest plugin does per test)
     capturing, paused_gc                               mark a graph as being captured; no cyclic
@@ -22,12 +23,13 @@ See docs/audit.md for the five-minute guide; pytest users: `pytest --parity-audi
 """
 
 from parity.audit import emulated
-from parity.audit.adapters import audited_graph, graphed
+from parity.audit.adapters import KeyedAudit, audited_graph, graphed
 from parity.audit.audit import GraphAudit
 from parity.audit.auto import AuditSession, auto_audit
 from parity.audit.capture import capturing, paused_gc
 from parity.audit.diagnosis import DIAGNOSIS_KEYS, GraphAuditWarning, GraphParityError
 from parity.audit.render import diagnosis_panel, render_diagnosis
 
-__all__ = ["DIAGNOSIS_KEYS", "AuditSession", "GraphAudit", "GraphAuditWarning", "GraphParityError", "audited_graph",
-           "auto_audit", "capturing", "diagnosis_panel", "emulated", "graphed", "paused_gc", "render_diagnosis"]
+__all__ = ["DIAGNOSIS_KEYS", "AuditSession", "GraphAudit", "GraphAuditWarning", "GraphParityError", "KeyedAudit",
+           "audited_graph", "auto_audit", "capturing", "diagnosis_panel", "emulated", "graphed", "paused_gc",
+           "render_diagnosis"]

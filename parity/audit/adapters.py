@@ -7,6 +7,9 @@
   for inference: static inputs cloned from the samples, warm-up on a side
   stream, one capture; each call copies its tensor arguments into the static
   inputs and replays, audited.
+- `KeyedAudit(runnable, key=...)`: the runnable a graph wrapper captures and
+  replays once per key (vLLM's CUDAGraphWrapper and its batch descriptor):
+  one GraphAudit per key, the runnable itself where the wrapper runs eagerly.
 The vLLM `CUDAGraphWrapper` recipe is in docs/audit.md.
 """
 
@@ -102,3 +105,37 @@ def graphed(*sample_args, name: str | None = None, pool=None, warmup: int = 3, *
     def wrap(fn):
         return GraphedCallable(fn, sample_args, name=name or _name_of(fn), pool=pool, warmup=warmup, **options)
     return wrap
+
+
+class KeyedAudit:
+    """A runnable a graph wrapper captures once per key: one GraphAudit per key, bound to that key's graph.
+
+        wrapper.runnable = KeyedAudit(wrapper.runnable, key=lambda: get_forward_context().batch_descriptor,
+                                      active=lambda: get_forward_context().cudagraph_runtime_mode == mode,
+                                      name=lambda key: f"submod_1[num_tokens={key.num_tokens}]")
+
+    `active()` False: the wrapper runs eagerly, so does this. `name`: a string
+    (the key is appended) or a function of the key. Other keyword arguments go
+    to each GraphAudit. The capture must be one the audit sees open
+    (`auto_audit`, the pytest plugin or the emulated backend), to bind each
+    audit to its graph.
+    """
+
+    def __init__(self, runnable, *, key, name=None, active=None, **options):
+        self.runnable, self.key, self.active, self.options = runnable, key, active, options
+        self.name = name if name is not None else _name_of(runnable)
+        self.audits: dict = {}
+
+    def __call__(self, *args, **kwargs):
+        if self.active is not None and not self.active():
+            return self.runnable(*args, **kwargs)
+        key = self.key()
+        audit = self.audits.get(key)
+        if audit is None:
+            name = self.name(key) if callable(self.name) else f"{self.name}[{key}]"
+            audit = self.audits[key] = GraphAudit(self.runnable, name=name, **self.options)
+        result = audit(*args, **kwargs)
+        if audit.record is not None and audit.graph is None:
+            raise RuntimeError(f"{audit.name}: captured in a CUDA graph the audit cannot see; capture inside "
+                               "parity.audit.auto_audit() (or pytest --parity-audit) to bind it")
+        return result

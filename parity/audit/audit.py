@@ -35,6 +35,7 @@ from parity.audit.trace import ReadSetTracer
 
 # The sink of every audit that has none of its own (the pytest plugin sets it per test).
 DEFAULT_SINK = None
+_TENSOR = object()      # where fn's result held an output tensor
 
 
 class _ReplayHook:
@@ -121,7 +122,10 @@ class GraphAudit:
         """Take a capture of fn(*args, **kwargs) that returned `result`, traced by `tracer`."""
         self.record = build_record(self.fn, args, kwargs, self.static_inputs, tracer, result, self.output_names)
         leaves, self._spec = tree_flatten(result)
-        self._leaves = leaves
+        # NOTE: the tensors themselves are not kept: holding them would keep pool memory the engine
+        # lets go of (vLLM holds outputs weakly), and the audited engine would allocate differently.
+        self._leaves = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
+        pool.link(self)
 
     def bind(self, graph) -> "GraphAudit":
         """Audit `graph`'s replays: its `replay()` now goes through this audit."""
@@ -156,7 +160,8 @@ class GraphAudit:
         if not args and not kwargs:
             args, kwargs = record.args, record.kwargs
         self.replays += 1
-        pool.forget(self)
+        record.settle()
+        pool.before_replay(self)
         roots = roots_of(record.fn, args, kwargs, self.static_inputs)
         found = rebinds(record, roots)
         self._check_versions()
@@ -176,7 +181,7 @@ class GraphAudit:
         if self._spec is None:
             return None
         it = iter(self.record.outputs)
-        leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in self._leaves]
+        leaves = [next(it) if x is _TENSOR else x for x in self._leaves]
         return tree_unflatten(leaves, self._spec)
 
     # --- reporting ---------------------------------------------------------------------

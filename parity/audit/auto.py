@@ -92,9 +92,19 @@ class AuditSession:
             block.tracer.__exit__(None, None, None)
 
     def capture_ended(self, graph, frame) -> None:
-        block = frame.hooks
-        if block is None or frame.audits:
+        block, frame.hooks = frame.hooks, None
+        if block is None:
             return
+        try:
+            if not frame.audits:
+                self._audit_block(graph, block)
+        finally:
+            # NOTE: the spy holds the block's frame (its locals: the strong outputs) and the callable's result;
+            # kept, they wait for the cyclic GC and the engine's pool hands out other memory than unaudited.
+            block.spy.frame = block.spy.result = None
+            block.spy.calls.clear()
+
+    def _audit_block(self, graph, block: _Block) -> None:
         call = block.spy.callable()
         where = f"{block.spy.frame.f_code.co_filename}:{block.spy.frame.f_lineno}" if block.spy.frame else "?"
         if call is None:

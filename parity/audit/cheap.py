@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from parity.audit import pool
 from parity.audit.record import CaptureRecord, Role
 from parity.graphs.roles import MISSING, chain_of, resolve
 from parity.audit.trace import storage_ptr
@@ -94,13 +95,18 @@ def reassigned(found: list[Rebind]) -> list[Rebind]:
 
 
 def not_refreshed(record: CaptureRecord, replays: int, after: int, reported: set) -> list[Role]:
-    """Declared inputs the graph only reads whose version has not moved since capture, after `after` replays."""
+    """Declared inputs the graph only reads whose version has not moved since capture, after `after` replays.
+
+    Not told for inference tensors (no version counter: equal values written
+    each step would look unwritten) nor for another audited graph's outputs
+    (that graph's replays write them without a version bump).
+    """
     if replays < after:
         return []
     found = []
     for role in record.roles:
-        if role.declared and not role.written and role.storage not in reported \
-                and role.tensor._version == role.version:
+        if role.declared and not role.written and role.storage not in reported and role.version is not None \
+                and not role.changed() and not pool.graph_produced(role.tensor):
             reported.add(role.storage)
             found.append(role)
     return found

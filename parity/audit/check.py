@@ -61,28 +61,30 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     audit._raw_replay()
     audit.backend.sync()
     replayed = Result(clone_outputs(record.outputs))
-    post = pre.current()
+    # What the real replay left: the storages it writes, its outputs' and other graphs' live outputs'
+    # (on the emulated backend these are the pool's segments: every byte a replay can write).
+    left = Snapshot([*record.writes.values(), *record.outputs, *pool.live_outputs()])
     try:
         pool.after_replay(audit)
         pre.restore()
         eager, log = shadow(record.fn, args, kwargs)
         for ptr, (live, saved) in log.saved.items():
             pre.add_bytes(ptr, live, saved)
-        replayed.writes = {ptr: post[ptr] if ptr in post else pre.saved[ptr][1] for ptr in eager.writes}
+        replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
+                           for ptr in eager.writes}
         diagnoses = _judge(audit, Lab(audit, roots, args, kwargs, pre, eager), replayed, found, started)
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()
-        pre.put(post)
-        for out, value in zip(record.outputs, replayed.outputs):
-            out.copy_(value)
+        left.restore()
     pool.remember(audit, replayed.outputs)
     return diagnoses
 
 
 def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float) -> list[dict]:
     diagnoses = []
-    mismatch = compare(replayed, lab.eager, audit.record.output_names, layouts=lab.layouts)
+    mismatch = compare(replayed, lab.eager, audit.record.output_names, layouts=lab.layouts,
+                       defined=audit.record.defined)
     if mismatch is not None:
         audit.mismatches += 1
         # NOTE: in record mode a graph's first mismatch is localised; later ones only counted.

@@ -19,7 +19,7 @@ and leaves no trace, as a CUDA capture (which executes nothing) does.
 
 from __future__ import annotations
 
-import weakref
+import itertools
 
 import torch
 from torch.utils._pytree import tree_map
@@ -32,16 +32,14 @@ from parity.audit.trace import WriteLog
 from parity.graphs.emulated import EmulatedBackend as _Recorders
 
 _RECORDERS = _Recorders(torch.device("cpu"))
-_POOLS: "weakref.WeakSet" = weakref.WeakSet()
+_POOL_NUMBERS = itertools.count()
 # Set by the auto-audit (pytest --parity-audit) to audit every capture; None otherwise.
 AUTO_HOOKS = None
 
 
 def graph_pool_handle():
     """A new graph memory pool (share it between captures as with torch.cuda.graph_pool_handle())."""
-    pool = _RECORDERS.new_pool(f"pool{len(_POOLS)}")
-    _POOLS.add(pool)
-    return pool
+    return _RECORDERS.new_pool(f"pool{next(_POOL_NUMBERS)}")
 
 
 class CUDAGraph:
@@ -126,11 +124,12 @@ def is_current_stream_capturing() -> bool:
 
 
 def weak_ref_tensors(outputs):
-    """Aliases of `outputs` that keep none of their pool memory, as vLLM's weak_ref_tensors does on CUDA."""
-    tensors = [t for t in (outputs if isinstance(outputs, (tuple, list)) else [outputs])
-               if isinstance(t, torch.Tensor)]
-    for pool in list(_POOLS):
-        pool.release(tensors)
+    """Aliases of `outputs` that keep none of their pool memory, as vLLM's weak_ref_tensors does on CUDA.
+
+    As on CUDA, the memory goes back to the pool when the last tensor owning it
+    dies (the pool watches those tensors), not before: an output still held
+    elsewhere (a piece's output the next piece is about to read) keeps its block.
+    """
     return tree_map(lambda t: non_owning(t) if isinstance(t, torch.Tensor) else t, outputs)
 
 

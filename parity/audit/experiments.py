@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 from parity.audit.cheap import Rebind, moved_names
 from parity.graphs.roles import MISSING, Path, assign, resolve
 from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
+from parity.audit.trace import storage_ptr
 
 MAX_HOST_CANDIDATES = 16
 
@@ -63,11 +64,23 @@ class Lab:
         return Result(clone_outputs(outputs), writes)
 
     def matches(self, result: Result) -> bool:
-        return compare(result, self.eager, self.record.output_names, layouts=self.layouts) is None
+        return compare(result, self.eager, self.record.output_names, layouts=self.layouts,
+                       defined=self.record.defined) is None
 
 
-def _replay_with_copy(lab: Lab, captured, live) -> bool:
-    if bit_equal(captured, live):
+def _written_through(lab: Lab, result: Result, pairs) -> Result:
+    """Where the graph writes a captured buffer whose role now reaches another one, eager writes that one:
+    the captured buffer's bytes stand for the live buffer's (a KV cache reallocated after capture)."""
+    for captured, live in pairs:
+        src, dst = storage_ptr(captured), storage_ptr(live)
+        if src != dst and dst in result.writes and src in lab.pre.saved \
+                and captured.untyped_storage().nbytes() == live.untyped_storage().nbytes():
+            result.writes[dst] = lab.pre.saved[src][0].clone()
+    return result
+
+
+def _replay_with_copy(lab: Lab, captured, live, written: bool) -> bool:
+    if bit_equal(captured, live) and not written:
         return False     # NOTE: copying equal values changes nothing: ruled out without a replay
     keep = Snapshot([captured])
 
@@ -75,7 +88,7 @@ def _replay_with_copy(lab: Lab, captured, live) -> bool:
         captured.copy_(live)
         lab.audit._raw_replay()
     try:
-        return lab.matches(lab.run(replay, lab.record.outputs))
+        return lab.matches(_written_through(lab, lab.run(replay, lab.record.outputs), [(captured, live)]))
     finally:
         keep.restore()
 
@@ -86,8 +99,9 @@ def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment
     if live is None or tuple(live.shape) != tuple(captured.shape) or live.dtype != captured.dtype:
         return None
     lab.pre.restore()
-    equal = bit_equal(captured, live)
-    restores = _replay_with_copy(lab, captured, live)
+    # NOTE: a buffer the graph writes is compared where eager writes it, so even equal values are replayed.
+    equal = bit_equal(captured, live) and not role.written
+    restores = _replay_with_copy(lab, captured, live, role.written)
     suffix = " (already equal: ruled out without a replay)" if equal else ""
     if rebind.owned:
         keeper = rebind.keeper
@@ -117,7 +131,8 @@ def group_copy_experiment(lab: Lab, rebinds: list[Rebind]) -> Experiment | None:
             r.role.tensor.copy_(r.live_tensor)
         lab.audit._raw_replay()
     try:
-        restores = lab.matches(lab.run(replay, lab.record.outputs))
+        result = lab.run(replay, lab.record.outputs)
+        restores = lab.matches(_written_through(lab, result, [(r.role.tensor, r.live_tensor) for r in usable]))
     finally:
         keep.restore()
     kind = "BUFFER_REASSIGNED" if any(not r.owned for r in usable) else "STALE_BUFFER"

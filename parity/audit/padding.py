@@ -32,7 +32,7 @@ def padding_roles(lab: Lab, padded: int, spec: dict | None) -> list[Role]:
         t = role.tensor
         if not t.dim() or t.shape[0] != padded or role.written:
             continue
-        if role.name in spec or (t.is_floating_point() and (role.declared or t._version != role.version)):
+        if role.name in spec or (t.is_floating_point() and (role.declared or role.changed())):
             picked.setdefault((role.storage, role.address), role)
     return list(picked.values())
 

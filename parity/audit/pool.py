@@ -1,14 +1,22 @@
 """POOL_ALIAS: an audited graph's output changed by another audited graph's replay while still live.
 
 After a checked replay the audit remembers a copy of the graph's outputs.
-They stay live until the same callable runs again (any graph of its family:
-the same function on the same object, at any batch size, whose newest
-output replaces the old one, as an engine reads only the latest). After every
-audited replay of another family the remembered outputs are compared with
-their copies; one that changed was overwritten by that replay: its
-temporaries were placed in the same pool memory (seed 004). To confirm, the
-output is restored and the suspect graph replayed once more on its own: if
-the output changes again, it is POOL_ALIAS.
+They stay live until the same forward runs again: a graph of the same family
+(the same function on the same object, at any batch size, whose newest output
+replaces the old one, as an engine reads only the latest). Pieces of one
+split forward are one family: a graph whose capture read another graph's
+output continues that graph's forward (PIECEWISE: the piece after attention
+reads the piece before's outputs), so the last piece's logits stay live until
+the forward's first piece runs again, not until the last piece does.
+
+Before every audited replay, remembered outputs of other families that
+changed since were changed by the engine's own eager code (attention filling
+its output buffer in place between pieces): that is their value now. After
+the replay, one that changed was overwritten by that replay: its temporaries
+were placed in the same pool memory (seed 004). To confirm, the output is
+restored and the suspect graph replayed once more on its own: if the output
+changes again, it is POOL_ALIAS. The confirmation leaves every byte it
+touched as the real replay left it.
 """
 
 from __future__ import annotations
@@ -19,17 +27,20 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.audit.state import Snapshot, bit_equal
+from parity.audit.state import Snapshot, bit_equal, clone_outputs
+from parity.audit.trace import byte_range
 
 
 @dataclass
 class _Live:
     audit: "weakref.ReferenceType"
     outputs: list[torch.Tensor]       # the graph's outputs (non-owning aliases)
-    values: list[torch.Tensor]        # what they held after the replay
+    values: list[torch.Tensor]        # what they held after the replay, or after eager code last wrote them
 
 
 _LIVE: dict[object, _Live] = {}
+_SAME_FORWARD: dict[object, object] = {}     # family -> the family of the forward it continues
+_PRODUCED: list[tuple["weakref.ReferenceType", list[tuple[int, int]]]] = []   # in capture order
 
 
 def family_of(fn) -> object:
@@ -41,14 +52,60 @@ def family_of(fn) -> object:
     return (id(owner) if owner is not None else None, getattr(func, "__code__", None) or id(func))
 
 
+def forward_of(audit) -> object:
+    """The family of the forward `audit`'s graph belongs to (its own, unless it continues another's)."""
+    family = audit.family
+    while family in _SAME_FORWARD:
+        family = _SAME_FORWARD[family]
+    return family
+
+
+def _overlaps(spans, start: int, end: int) -> bool:
+    return any(s < end and start < e for s, e in spans)
+
+
+def link(audit) -> None:
+    """At capture: a graph reading the memory another graph's capture produced continues that graph's forward."""
+    global _PRODUCED
+    _PRODUCED = [(ref, spans) for ref, spans in _PRODUCED if ref() is not None]
+    record = audit.record
+    reads = [byte_range(r.tensor) for r in record.roles] + [byte_range(t) for t in record.unnamed]
+    # NOTE: pool memory is handed out again once freed: the newest capture producing it is its producer.
+    for ref, spans in reversed(_PRODUCED):
+        producer = ref()
+        if producer is not audit and any(_overlaps(spans, *r) for r in reads):
+            if forward_of(producer) != forward_of(audit):
+                _SAME_FORWARD[forward_of(audit)] = forward_of(producer)
+            break
+    external = reads + [byte_range(t) for t in record.writes.values()]
+    produced = [byte_range(t) for t in record.outputs if t.numel() and not _overlaps(external, *byte_range(t))]
+    _PRODUCED.append((weakref.ref(audit), produced))
+
+
+def graph_produced(t: torch.Tensor) -> bool:
+    """Memory an audited graph's capture produced (a piece's output another piece reads): its replays write it."""
+    start, end = byte_range(t)
+    return any(_overlaps(spans, start, end) for ref, spans in _PRODUCED if ref() is not None)
+
+
 def remember(audit, values: list[torch.Tensor]) -> None:
-    """After a checked replay: these outputs are live until the family replays again."""
-    _LIVE[audit.family] = _Live(weakref.ref(audit), list(audit.record.outputs), values)
+    """After a checked replay: these outputs are live until the forward runs again."""
+    _LIVE[forward_of(audit)] = _Live(weakref.ref(audit), list(audit.record.outputs), values)
 
 
-def forget(audit) -> None:
-    """Before any replay of `audit`'s family: its earlier outputs are no longer read."""
-    _LIVE.pop(audit.family, None)
+def before_replay(audit) -> None:
+    """Before a replay of `audit`: its forward's earlier outputs are no longer read; others' eager writes stand."""
+    _LIVE.pop(forward_of(audit), None)
+    for family, live in list(_LIVE.items()):
+        if live.audit() is None:
+            del _LIVE[family]
+        elif _changed(live) is not None:
+            live.values = clone_outputs(live.outputs)
+
+
+def live_outputs() -> list[torch.Tensor]:
+    """Every output some audited graph's forward still holds live."""
+    return [t for live in _LIVE.values() if live.audit() is not None for t in live.outputs]
 
 
 def _changed(live: _Live) -> str | None:
@@ -59,25 +116,25 @@ def _changed(live: _Live) -> str | None:
 
 
 def after_replay(culprit) -> None:
-    """Report, to their audits, live outputs of other families that `culprit`'s replay just overwrote."""
+    """Report, to their audits, live outputs of other forwards that `culprit`'s replay just overwrote."""
     found = []
     for family, live in list(_LIVE.items()):
         victim = live.audit()
         if victim is None:
             del _LIVE[family]
             continue
-        if family == culprit.family or (name := _changed(live)) is None:
+        if family == forward_of(culprit) or (name := _changed(live)) is None:
             continue
         del _LIVE[family]
         again = _overwrites_again(culprit, live)
         evidence = [f"output {name} of graph {victim.name!r} matched its replay, then changed during the replay "
-                    f"of graph {culprit.name!r}, before {victim.name!r} ran again"]
+                    f"of graph {culprit.name!r}, before {victim.name!r}'s forward ran again"]
         if again:
             evidence.append(f"restoring it and replaying {culprit.name!r} alone overwrites it again: the two graphs "
                             f"share pool memory; whatever reads {name} after that replay reads the other graph's data")
         else:
             evidence.append(f"replaying {culprit.name!r} alone on restored outputs did not overwrite them again")
-        index = live.audit().record.output_names.index(name)
+        index = victim.record.output_names.index(name)
         found.append((victim, victim._diagnosis(
             "POOL_ALIAS" if again else "UNEXPLAINED", [name], captured_address=live.outputs[index].data_ptr(),
             evidence=evidence, replays=1,
@@ -88,11 +145,13 @@ def after_replay(culprit) -> None:
 
 
 def _overwrites_again(culprit, live: _Live) -> bool:
-    keep = Snapshot(culprit.record.writes.values())
-    for out, value in zip(live.outputs, live.values):
-        out.copy_(value)
-    culprit._raw_replay()
-    culprit.backend.sync()
-    again = any(not bit_equal(out, value) for out, value in zip(live.outputs, live.values))
-    keep.restore()
-    return again
+    record = culprit.record
+    keep = Snapshot([*record.writes.values(), *record.outputs, *live.outputs])
+    try:
+        for out, value in zip(live.outputs, live.values):
+            out.copy_(value)
+        culprit._raw_replay()
+        culprit.backend.sync()
+        return any(not bit_equal(out, value) for out, value in zip(live.outputs, live.values))
+    finally:
+        keep.restore()

@@ -15,11 +15,16 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from parity.audit.aliases import non_owning
+from parity.audit.defined import Undefined
 from parity.graphs.roles import HOST_TYPES, Path, chain_of, roots_of, walk
-from parity.audit.trace import ReadSetTracer, byte_range, storage_ptr
+from parity.audit.state import bit_equal
+from parity.audit.trace import ReadSetTracer, byte_range, storage_ptr, version_of
 
 MAX_PATHS_PER_TENSOR = 3
 MAX_HOST_VALUES = 4000
+# Inference tensors have no version counter: what the graph only reads is copied at the first replay,
+# up to this many bytes per capture, to tell later whether anything wrote it.
+MAX_INFERENCE_COPY_BYTES = 16 << 20
 
 
 @dataclass
@@ -30,10 +35,24 @@ class Role:
     address: int
     shape: tuple
     dtype: torch.dtype
-    version: int                # its version counter right after capture
+    version: int | None         # its version counter right after capture (None: an inference tensor)
     written: bool               # the graph writes this storage
     declared: bool              # a declared static input or a direct tensor argument
     chain: tuple = ()           # ids of the objects along the path at capture (root excluded, leaf excluded)
+    initial: torch.Tensor | None = None   # an inference tensor's values at the first replay (no version counter)
+
+    def changed(self) -> bool | None:
+        """Whether the tensor was written since capture; None when that cannot be told.
+
+        The version counter says so; an inference tensor has none, so its
+        values are compared with those at the first replay (a write of equal
+        values then counts as none).
+        """
+        if self.version is not None:
+            return version_of(self.tensor) != self.version
+        if self.initial is None:
+            return None
+        return not bit_equal(self.tensor, self.initial)
 
     @property
     def name(self) -> str:
@@ -63,6 +82,18 @@ class CaptureRecord:
     output_names: list[str]
     unnamed: list[torch.Tensor] = field(default_factory=list)   # external reads no path reaches
     num_ops: int = 0
+    undefined: Undefined = field(default_factory=Undefined)   # produced bytes the graph never writes
+    defined: list | None = None     # per output: elements the graph writes (bool mask; None: all); see settle()
+
+    def settle(self) -> None:
+        """Work that runs torch ops, done once after the capture closed (ops inside it would be captured).
+
+        Per output, the elements the graph defines; copies of the inference
+        tensors the graph only reads (they have no version counter).
+        """
+        if self.defined is None:
+            self.defined = [self.undefined.mask(t) for t in self.outputs]
+            _copy_inference_inputs(self.roles)
 
     @property
     def layouts(self) -> dict[int, tuple]:
@@ -108,7 +139,7 @@ def build_record(fn, args, kwargs, static_inputs, tracer: ReadSetTracer, result,
             continue
         per_tensor[id(value)] += 1
         roles.append(Role(path, value, storage_ptr(value), value.data_ptr(), tuple(value.shape), value.dtype,
-                          value._version, storage_ptr(value) in tracer.writes, _declared(path),
+                          version_of(value), storage_ptr(value) in tracer.writes, _declared(path),
                           chain_of(path, roots)))
     named = {r.storage for r in roles}
     unnamed = [t for (storage, _, _), t in tracer.reads.items() if storage not in named]
@@ -116,7 +147,17 @@ def build_record(fn, args, kwargs, static_inputs, tracer: ReadSetTracer, result,
     names = list(output_names) if output_names else (
         ["out"] if isinstance(result, torch.Tensor) else [f"out[{i}]" for i in range(len(outputs))])
     return CaptureRecord(fn, tuple(args), dict(kwargs), roles, host, dict(tracer.writes),
-                         [non_owning(t) for t in outputs], names, unnamed, len(tracer.ops))
+                         [non_owning(t) for t in outputs], names, unnamed, len(tracer.ops), tracer.undefined)
+
+
+def _copy_inference_inputs(roles: list[Role]) -> None:
+    """Copy what the graph only reads of inference tensors (no version counter), declared inputs first."""
+    budget = MAX_INFERENCE_COPY_BYTES
+    for role in sorted(roles, key=lambda r: not r.declared):
+        size = role.tensor.numel() * role.tensor.element_size()
+        if role.version is None and not role.written and size <= budget:
+            role.initial = role.tensor.clone()
+            budget -= size
 
 
 def padded_rows_of(record: CaptureRecord) -> int | None:

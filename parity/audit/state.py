@@ -71,18 +71,28 @@ def _as_layout(raw: torch.Tensor | None, layout) -> torch.Tensor | None:
     return raw.view(layout[1]).view(layout[2])
 
 
+def _defined(g: torch.Tensor, e: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The elements the graph defines, rows kept: undefined ones read as zero bytes on both sides."""
+    if mask is None or g.shape != e.shape or mask.shape != g.shape:
+        return g, e
+    return g.masked_fill(~mask, 0), e.masked_fill(~mask, 0)
+
+
 def compare(graph: Result, eager: Result, names: list[str], rows: int | None = None,
-            padded: int | None = None, layouts: dict | None = None) -> Mismatch | None:
+            padded: int | None = None, layouts: dict | None = None, defined: list | None = None) -> Mismatch | None:
     """The first difference between two results.
 
     With `rows`, outputs whose leading dimension is `padded` are compared on
     their first `rows` rows only (the real rows of a padded batch). `layouts`
     maps a written storage to (name, dtype, shape) to compare it as a tensor.
+    `defined` gives, per output, the elements the graph writes (a bool mask;
+    None: all): memory the callable only allocated is not compared.
     """
     differing, first = [], None
-    pairs = [(n, g, e) for n, g, e in zip(names, graph.outputs, eager.outputs)]
     if len(graph.outputs) != len(eager.outputs):
         return Mismatch("number of outputs", [], None, ["outputs"])
+    masks = list(defined or []) + [None] * len(graph.outputs)
+    pairs = [(n, *_defined(g, e, m)) for n, g, e, m in zip(names, graph.outputs, eager.outputs, masks)]
     layouts = layouts or {}
     for ptr in eager.writes:
         layout = layouts.get(ptr)
@@ -120,11 +130,3 @@ class Snapshot:
     def restore(self) -> None:
         for live, saved in self.saved.values():
             live.copy_(saved)
-
-    def current(self) -> dict[int, torch.Tensor]:
-        """Storage -> a copy of the bytes it holds now."""
-        return {ptr: live.clone() for ptr, (live, _) in self.saved.items()}
-
-    def put(self, values: dict[int, torch.Tensor]) -> None:
-        for ptr, value in values.items():
-            self.saved[ptr][0].copy_(value)

@@ -21,6 +21,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from parity.audit.defined import EMPTY_FACTORIES, Undefined
+
+
+def version_of(t: torch.Tensor) -> int | None:
+    """The tensor's version counter (bumped by every in-place write); None for an inference tensor, which has none."""
+    return None if t.is_inference() else t._version
+
 
 def storage_ptr(t: torch.Tensor) -> int:
     """The address of the storage a tensor views (its identity as memory)."""
@@ -101,6 +108,7 @@ class ReadSetTracer(TorchDispatchMode):
         self.ops: list[str] = []
         self.reads: dict[tuple[int, int, int], torch.Tensor] = {}   # (storage, start, end) -> first view read
         self.writes: dict[int, torch.Tensor] = {}                    # storage -> a view written
+        self.undefined = Undefined()                                 # produced bytes no op has written
         self._produced = _Ranges()
 
     def is_external(self, t: torch.Tensor) -> bool:
@@ -116,9 +124,11 @@ class ReadSetTracer(TorchDispatchMode):
         for t in written_tensors(func, args, kwargs):
             if self.is_external(t):
                 self.writes.setdefault(storage_ptr(t), t)
+            self.undefined.written(*byte_range(t))
         out = func(*args, **kwargs)
         for t in fresh_outputs(out, flat):
             self._produced.add(*byte_range(t))
+            (self.undefined.add if func in EMPTY_FACTORIES else self.undefined.written)(*byte_range(t))
         return out
 
 

@@ -67,8 +67,6 @@ def _classify(func, args, kwargs, out) -> int:
         return VIEW
     if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return MUTATING
-    if any(r.alias_info is not None for r in schema.returns):
-        return VIEW
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     if not outs:
         return VIEW
@@ -76,6 +74,10 @@ def _classify(func, args, kwargs, out) -> int:
               if isinstance(t, torch.Tensor) and t.numel()}
     if any(t.numel() and _storage_ptr(t) in inputs for t in outs):
         return VIEW   # e.g. aten._unsafe_view: an alias despite its schema
+    if any(r.alias_info is not None for r in schema.returns) and not any(t.numel() for t in outs):
+        return VIEW
+    # NOTE: an aliasing schema with fresh memory is a composite that copied: under inference_mode
+    # aten.to.dtype, contiguous and reshape reach the recorder undecomposed; they are computations.
     return FUNCTIONAL
 
 
