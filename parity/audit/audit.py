@@ -28,6 +28,8 @@ from parity.audit.backends import backend_for
 from parity.audit.capture import cuda_capturing, current_frame, paused_gc
 from parity.audit.cheap import not_refreshed, rebinds
 from parity.audit.check import cheap_reassigned, checked_replay
+from parity.audit.infer import located
+from parity.audit.options import resolve
 from parity.audit.diagnosis import GraphAuditWarning, GraphParityError, make_diagnosis, summary
 from parity.audit.record import CaptureRecord, build_record, padded_rows_of
 from parity.graphs.roles import roots_of
@@ -66,19 +68,13 @@ class GraphAudit:
     reported (0: never).
     """
 
-    def __init__(self, fn: Callable, *, name: str, static_inputs: dict | None = None, every: int = 1,
-                 on_mismatch: str = "raise", num_valid: int | Callable[[], int] | None = None,
-                 padding: dict | None = None, padded_rows: int | None = None, output_names=None,
-                 not_refreshed_after: int = 8):
-        if on_mismatch not in ("raise", "record"):
-            raise ValueError("on_mismatch must be 'raise' or 'record'")
-        if every < 0:
-            raise ValueError("every must be >= 0")
-        self.fn, self.name, self.static_inputs, self.every = fn, name, static_inputs, every
-        self.on_mismatch, self.num_valid, self.output_names = on_mismatch, num_valid, output_names
-        self.padding = padding
-        self.not_refreshed_after = not_refreshed_after
-        self._padded_rows = padded_rows
+    def __init__(self, fn: Callable, *, name: str, **options):
+        o = resolve(options, f"GraphAudit({name!r})")
+        self.fn, self.name, self.static_inputs, self.every = fn, name, o["static_inputs"], o["every"]
+        self.on_mismatch, self.num_valid, self.output_names = o["on_mismatch"], o["num_valid"], o["output_names"]
+        self.padding = o["padding"]
+        self.not_refreshed_after = o["not_refreshed_after"]
+        self._padded_rows = o["padded_rows"]
         self._graph_ref = None
         self.record: CaptureRecord | None = None
         self.backend = None
@@ -156,6 +152,11 @@ class GraphAudit:
         if not args and not kwargs:
             args, kwargs = record.args, record.kwargs
         self.replays += 1
+        if self.replays == 1 and getattr(self, "locate", False):
+            self.name = located(self.graph) or self.name
+        sink = self.sink or DEFAULT_SINK
+        if sink is not None:
+            sink.replaying(self)
         pool.forget(self)
         roots = roots_of(record.fn, args, kwargs, self.static_inputs)
         found = rebinds(record, roots)
