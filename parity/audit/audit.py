@@ -28,6 +28,7 @@ from parity.audit.backends import backend_for
 from parity.audit.capture import cuda_capturing, current_frame, paused_gc
 from parity.audit.cheap import not_refreshed, rebinds
 from parity.audit.check import cheap_reassigned, checked_replay
+from parity.audit.context import capture_hints, none_at_capture
 from parity.audit.infer import located
 from parity.audit.options import resolve
 from parity.audit.diagnosis import GraphAuditWarning, GraphParityError, make_diagnosis, summary
@@ -88,6 +89,7 @@ class GraphAudit:
         self._not_refreshed: set[int] = set()
         self._spec = None
         self._leaves: list = []
+        self._padding_checked = False
 
     # --- capture -----------------------------------------------------------------------
 
@@ -118,6 +120,7 @@ class GraphAudit:
         self.record = build_record(self.fn, args, kwargs, self.static_inputs, tracer, result, self.output_names)
         leaves, self._spec = tree_flatten(result)
         self._leaves = leaves
+        self._none_at_capture = none_at_capture(self.static_inputs)
 
     def bind(self, graph) -> "GraphAudit":
         """Audit `graph`'s replays: its `replay()` now goes through this audit."""
@@ -161,7 +164,7 @@ class GraphAudit:
         roots = roots_of(record.fn, args, kwargs, self.static_inputs)
         found = rebinds(record, roots)
         self._check_versions()
-        if self.every and (self.replays - 1) % self.every == 0:
+        if self._due():
             diagnoses = checked_replay(self, roots, args, kwargs, found)
         else:
             self._raw_replay()
@@ -170,6 +173,16 @@ class GraphAudit:
         for diagnosis in diagnoses:
             self._report(diagnosis)
         return self.outputs
+
+    def _due(self) -> bool:
+        """A shadow check now: every `every`-th replay, and the first replay with padded rows (padding check)."""
+        if not self.every:
+            return False
+        num_valid, padded = self.num_valid_now(), self.padded_rows
+        padded_now = num_valid is not None and padded is not None and num_valid < padded
+        due = (self.replays - 1) % self.every == 0 or (padded_now and not self._padding_checked)
+        self._padding_checked |= due and padded_now
+        return due
 
     @property
     def outputs(self):
@@ -196,6 +209,9 @@ class GraphAudit:
                 "captured_ops": self.record.num_ops, "roles": len(self.record.roles)}
 
     def _diagnosis(self, kind: str, buffers, **details) -> dict:
+        if kind != "NOT_REFRESHED":
+            details["evidence"] = [*details.get("evidence", ()),
+                                   *capture_hints(getattr(self, "_none_at_capture", []), self.static_inputs)]
         return make_diagnosis(kind, buffers, owner=self.name, replay=self.replays, graph=self.graph_info(),
                               **details)
 
