@@ -66,14 +66,16 @@ class Lab:
         return compare(result, self.eager, self.record.output_names, layouts=self.layouts) is None
 
 
-def _replay_with_copy(lab: Lab, captured, live) -> bool:
-    if bit_equal(captured, live):
+def _replay_with_copy(lab: Lab, captured, live, written: bool = False) -> bool:
+    if bit_equal(captured, live) and not written:
         return False     # NOTE: copying equal values changes nothing: ruled out without a replay
     keep = Snapshot([captured])
 
     def replay():
         captured.copy_(live)
         lab.audit._raw_replay()
+        if written:      # NOTE: the graph writes it: what it wrote goes back out to where eager wrote
+            live.copy_(captured)
     try:
         return lab.matches(lab.run(replay, lab.record.outputs))
     finally:
@@ -86,9 +88,10 @@ def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment
     if live is None or tuple(live.shape) != tuple(captured.shape) or live.dtype != captured.dtype:
         return None
     lab.pre.restore()
-    equal = bit_equal(captured, live)
-    restores = _replay_with_copy(lab, captured, live)
-    suffix = " (already equal: ruled out without a replay)" if equal else ""
+    equal = bit_equal(captured, live) and not role.written
+    restores = _replay_with_copy(lab, captured, live, role.written)
+    suffix = " (already equal: ruled out without a replay)" if equal else (
+        ", copying it back out after the replay (the graph writes it)" if role.written else "")
     if rebind.owned:
         keeper = rebind.keeper
         return Experiment(

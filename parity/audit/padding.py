@@ -31,13 +31,16 @@ import torch
 from parity.audit.experiments import Experiment, Lab
 from parity.audit.record import Role
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
+from parity.graphs.roles import resolve
 
 
 def padding_roles(lab: Lab, padded: int, spec: dict | None) -> list[Role]:
     """The per-step inputs with `padded` rows, plus the roles named in `spec`, one per tensor."""
     picked: dict[tuple[int, int], Role] = {}
     spec = spec or {}
-    for role in sorted(lab.record.roles, key=lambda r: (not r.declared,) + r.owner_rank):
+    # NOTE: the persistent buffer (a path that still reaches the captured tensor) names it best.
+    for role in sorted(lab.record.roles, key=lambda r: (resolve(r.path, lab.roots) is not r.tensor,
+                                                        not r.declared) + r.owner_rank):
         t = role.tensor
         if not t.dim() or t.shape[0] != padded or role.written or t.dtype == torch.bool:
             continue
