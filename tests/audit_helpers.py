@@ -14,15 +14,16 @@ from parity.audit.auto import auto_audit
 from tests.second_engine import SpecEngine
 from tests.second_engine.engine import get_forward_context
 
-# (kind, a word of the tensor role, the graph it must be found in) per planted bug. A capture context is
+# (kind, a word of the tensor role, the graph it must be found in: named where the engine keeps it,
+# SpecEngine.graphs[('draft', 4)]) per planted bug. A capture context is
 # reachable from nothing the audit can walk (a forward-context getter): its role is unnamed, None here.
 EXPECTED = {
-    "stale": ("STALE_BUFFER", "positions", "draft_forward"),
-    "reassigned": ("BUFFER_REASSIGNED", "rows", "draft_forward"),
-    "frozen": ("FROZEN_AT_CAPTURE", "draft_step", "draft_forward"),
-    "padding": ("PADDING_LEAK", "hidden", "draft_forward"),
-    "pool_alias": ("POOL_ALIAS", "logits", "verify_forward"),
-    "capture_context": ("CAPTURE_CONTEXT", None, "verify_forward"),
+    "stale": ("STALE_BUFFER", "positions", "('draft'"),
+    "reassigned": ("BUFFER_REASSIGNED", "rows", "('draft'"),
+    "frozen": ("FROZEN_AT_CAPTURE", "draft_step", "('draft'"),
+    "padding": ("PADDING_LEAK", "hidden", "('draft'"),
+    "pool_alias": ("POOL_ALIAS", "logits", "('verify'"),
+    "capture_context": ("CAPTURE_CONTEXT", None, "('verify'"),
 }
 OUTPUT_NAMES = {"verify_forward": ("logits", "hidden"), "draft_forward": ("token", "draft_hidden", "logprobs")}
 

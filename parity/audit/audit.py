@@ -28,6 +28,9 @@ from parity.audit.backends import backend_for
 from parity.audit.capture import cuda_capturing, current_frame, paused_gc
 from parity.audit.cheap import not_refreshed, rebinds
 from parity.audit.check import cheap_reassigned, checked_replay
+from parity.audit.context import capture_hints, none_at_capture
+from parity.audit.infer import located
+from parity.audit.options import resolve
 from parity.audit.diagnosis import GraphAuditWarning, GraphParityError, make_diagnosis, summary
 from parity.audit.record import CaptureRecord, build_record, padded_rows_of
 from parity.graphs.roles import roots_of
@@ -67,19 +70,13 @@ class GraphAudit:
     reported (0: never).
     """
 
-    def __init__(self, fn: Callable, *, name: str, static_inputs: dict | None = None, every: int = 1,
-                 on_mismatch: str = "raise", num_valid: int | Callable[[], int] | None = None,
-                 padding: dict | None = None, padded_rows: int | None = None, output_names=None,
-                 not_refreshed_after: int = 8):
-        if on_mismatch not in ("raise", "record"):
-            raise ValueError("on_mismatch must be 'raise' or 'record'")
-        if every < 0:
-            raise ValueError("every must be >= 0")
-        self.fn, self.name, self.static_inputs, self.every = fn, name, static_inputs, every
-        self.on_mismatch, self.num_valid, self.output_names = on_mismatch, num_valid, output_names
-        self.padding = padding
-        self.not_refreshed_after = not_refreshed_after
-        self._padded_rows = padded_rows
+    def __init__(self, fn: Callable, *, name: str, **options):
+        o = resolve(options, f"GraphAudit({name!r})")
+        self.fn, self.name, self.static_inputs, self.every = fn, name, o["static_inputs"], o["every"]
+        self.on_mismatch, self.num_valid, self.output_names = o["on_mismatch"], o["num_valid"], o["output_names"]
+        self.padding = o["padding"]
+        self.not_refreshed_after = o["not_refreshed_after"]
+        self._padded_rows = o["padded_rows"]
         self._graph_ref = None
         self.record: CaptureRecord | None = None
         self.backend = None
@@ -93,6 +90,7 @@ class GraphAudit:
         self._not_refreshed: set[int] = set()
         self._spec = None
         self._leaves: list = []
+        self._padding_checked = False
 
     # --- capture -----------------------------------------------------------------------
 
@@ -125,6 +123,7 @@ class GraphAudit:
         # NOTE: the tensors themselves are not kept: holding them would keep pool memory the engine
         # lets go of (vLLM holds outputs weakly), and the audited engine would allocate differently.
         self._leaves = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
+        self._none_at_capture = none_at_capture(self.static_inputs)
         pool.link(self)
 
     def bind(self, graph) -> "GraphAudit":
@@ -161,11 +160,16 @@ class GraphAudit:
             args, kwargs = record.args, record.kwargs
         self.replays += 1
         record.settle()
+        if self.replays == 1 and getattr(self, "locate", False):
+            self.name = located(self.graph) or self.name
+        sink = self.sink or DEFAULT_SINK
+        if sink is not None:
+            sink.replaying(self)
         pool.before_replay(self)
         roots = roots_of(record.fn, args, kwargs, self.static_inputs)
         found = rebinds(record, roots)
         self._check_versions()
-        if self.every and (self.replays - 1) % self.every == 0:
+        if self._due():
             diagnoses = checked_replay(self, roots, args, kwargs, found)
         else:
             self._raw_replay()
@@ -174,6 +178,16 @@ class GraphAudit:
         for diagnosis in diagnoses:
             self._report(diagnosis)
         return self.outputs
+
+    def _due(self) -> bool:
+        """A shadow check now: every `every`-th replay, and the first replay with padded rows (padding check)."""
+        if not self.every:
+            return False
+        num_valid, padded = self.num_valid_now(), self.padded_rows
+        padded_now = num_valid is not None and padded is not None and num_valid < padded
+        due = (self.replays - 1) % self.every == 0 or (padded_now and not self._padding_checked)
+        self._padding_checked |= due and padded_now
+        return due
 
     @property
     def outputs(self):
@@ -200,6 +214,9 @@ class GraphAudit:
                 "captured_ops": self.record.num_ops, "roles": len(self.record.roles)}
 
     def _diagnosis(self, kind: str, buffers, **details) -> dict:
+        if kind != "NOT_REFRESHED":
+            details["evidence"] = [*details.get("evidence", ()),
+                                   *capture_hints(getattr(self, "_none_at_capture", []), self.static_inputs)]
         return make_diagnosis(kind, buffers, owner=self.name, replay=self.replays, graph=self.graph_info(),
                               **details)
 

@@ -9,7 +9,9 @@ For the scope's duration `torch.cuda.CUDAGraph` is replaced by a subclass
 whose capture_begin/capture_end open a capture frame, and the emulated
 stand-in reports its captures. Each capture is traced (read set) and the one
 call its block made is found (`infer.py`); that callable becomes a GraphAudit
-bound to the graph, so the engine's own `g.replay()` calls are checked.
+bound to the graph, so the engine's own `g.replay()` calls are checked. A
+block with no single callable raises `CaptureNotAudited` saying what to do:
+nothing is skipped silently.
 Audits and their errors are collected in an `AuditSession` (the pytest
 plugin's `graph_audit` fixture is one).
 """
@@ -28,6 +30,7 @@ from parity.audit import emulated
 from parity.audit.audit import GraphAudit
 from parity.audit.diagnosis import GraphParityError
 from parity.audit.infer import BlockSpy, block_frame, describe
+from parity.audit.options import AuditConfigError, resolve
 from parity.audit.trace import ReadSetTracer
 
 
@@ -37,20 +40,36 @@ class _Block:
     spy: BlockSpy
 
 
+class CaptureNotAudited(RuntimeError):
+    """A capture the auto-audit cannot audit (no single callable in its block): one line saying what to do."""
+
+
 class AuditSession:
-    """What audits found in one scope: audits made, errors, NOT_REFRESHED findings, graphs left unaudited.
+    """What audits found in one scope: audits made, errors, NOT_REFRESHED findings.
 
     every / on_mismatch: defaults for the audits it makes. configure(fn, args)
     -> dict: extra GraphAudit options per auto-audited callable (num_valid,
-    static_inputs, output_names, ...).
+    static_inputs, output_names, ...); set it before the engine captures.
     """
 
     def __init__(self, every: int = 1, on_mismatch: str = "record", configure=None):
-        self.every, self.on_mismatch, self.configure = every, on_mismatch, configure
+        resolve({"every": every, "on_mismatch": on_mismatch}, "AuditSession")
+        self.every, self.on_mismatch, self._configure = every, on_mismatch, configure
         self.audits: list[GraphAudit] = []
         self.errors: list[GraphParityError] = []
         self.findings: list[dict] = []
-        self.unaudited: list[str] = []
+
+    @property
+    def configure(self):
+        """Options per auto-audited callable: a function (fn, args) -> dict, or None."""
+        return self._configure
+
+    @configure.setter
+    def configure(self, value) -> None:
+        made = [a.name for a in self.audits if hasattr(a, "configured_by")]
+        if made:
+            raise AuditConfigError(_too_late(made))
+        self._configure = value
 
     def wrap(self, fn, *, name: str, **options) -> GraphAudit:
         """A GraphAudit reporting to this session (every/on_mismatch default to the session's)."""
@@ -67,6 +86,13 @@ class AuditSession:
     def add_finding(self, audit: GraphAudit, diagnosis: dict) -> None:
         self.findings.append(diagnosis)
 
+    def replaying(self, audit: GraphAudit) -> None:
+        """Before a replay reported here: an auto-audit made without this session's configure is an error."""
+        if self._configure is None or not hasattr(audit, "configured_by"):
+            return
+        if not _same_function(audit.configured_by, self._configure):
+            raise AuditConfigError(_too_late([audit.name]))
+
     def auto(self):
         """A block in which every capture is audited into this session (what --parity-audit does per test)."""
         return auto_audit(session=self)
@@ -79,9 +105,9 @@ class AuditSession:
     # --- capture hooks (called by the patched CUDAGraph and the emulated stand-in) -------
 
     def capture_began(self, graph, frame) -> None:
-        spy = BlockSpy(block_frame(sys._getframe(1)))
         tracer = ReadSetTracer()
         tracer.__enter__()
+        spy = BlockSpy(block_frame(sys._getframe(1)), tracer)
         spy.start()
         frame.hooks = _Block(tracer, spy)
 
@@ -106,18 +132,32 @@ class AuditSession:
 
     def _audit_block(self, graph, block: _Block) -> None:
         call = block.spy.callable()
-        where = f"{block.spy.frame.f_code.co_filename}:{block.spy.frame.f_lineno}" if block.spy.frame else "?"
         if call is None:
-            self.unaudited.append(f"{where}: the capture block made {len(block.spy.calls)} Python calls; "
-                                  "wrap its body in one function (or use audited_graph) to audit it")
-            return
-        options = dict(self.configure(call.fn, call.args) or {}) if self.configure else {}
+            where = f"{block.spy.frame.f_code.co_filename}:{block.spy.frame.f_lineno}" if block.spy.frame else "?"
+            why = block.spy.why() if block.spy.chosen() is None else "calls a callable the audit cannot rebuild"
+            raise CaptureNotAudited(f"parity.audit: the capture block at {where} {why}; wrap the block's body in "
+                                    "one function, or capture with audited_graph(graph, fn)")
+        options = dict(self._configure(call.fn, call.args) or {}) if self._configure else {}
         audit = self.wrap(call.fn, name=options.pop("name", describe(call)), **options)
+        audit.configured_by = self._configure
+        audit.locate = True            # named after where the engine keeps the graph, at its first replay
         # NOTE: a graph outlives the scope that captured it (a module-scoped engine): its audit reports
         # to whichever session is active at the replay, not to this one.
         audit.sink = None
         audit.adopt(call.args, call.kwargs, block.tracer, block.spy.result)
         audit.bind(graph)
+
+
+def _same_function(a, b) -> bool:
+    """The same configure: the same object, or functions of the same code (a lambda written once, made twice)."""
+    return a is b or (getattr(a, "__code__", None) is not None and getattr(a, "__code__", None) is getattr(
+        b, "__code__", None))
+
+
+def _too_late(names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"graph_audit.configure was set after {shown} had been captured, so it would not apply to them: set "
+            "it before the engine captures its graphs (in the fixture that builds the engine, before building it)")
 
 
 def _auditing_graph_class(base):

@@ -102,7 +102,8 @@ def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment
     # NOTE: a buffer the graph writes is compared where eager writes it, so even equal values are replayed.
     equal = bit_equal(captured, live) and not role.written
     restores = _replay_with_copy(lab, captured, live, role.written)
-    suffix = " (already equal: ruled out without a replay)" if equal else ""
+    suffix = " (already equal: ruled out without a replay)" if equal else (
+        ", its writes compared where eager writes (the graph writes it)" if role.written else "")
     if rebind.owned:
         keeper = rebind.keeper
         return Experiment(

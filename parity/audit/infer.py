@@ -4,9 +4,12 @@ The auto-audit (pytest --parity-audit) sees captures, not callables. While a
 block is open, a trace hook records the Python calls made directly from the
 block's own frame, with their arguments as bound at the call. When the block
 made exactly one such call, that call is the callable to audit: a module
-(`model(x)`), a bound method (`self.decode(bs)`) or a function. Blocks that
-made several calls (or none) are audited by their cheap checks only and
-reported as such; wrap their body in one function to get shadow checks.
+(`model(x)`), a bound method (`self.decode(bs)`) or a function. Calls into
+torch itself (a `torch.set_default_device` hook) are not the user's. When the
+block made several calls, the one that launched kernels on memory from before
+the capture is the callable: a helper that only wraps the outputs (vLLM's
+`weak_ref_tensors`) or makes views launches none. Otherwise `callable()`
+returns None and `why()` says what the block did, for a loud error.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ import types
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-# Frames of these files belong to capture machinery, not to the user's block.
-_MACHINERY = (os.path.dirname(__file__), os.path.dirname(torch.cuda.__file__))
+# Frames of these files belong to capture machinery (the audit's, torch's), not to the user's block.
+_MACHINERY = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+# Ops that launch no kernel: allocation and aliasing (views are told by their schema).
+_NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::set_", "aten::detach", "aten::alias", "aten::lift_fresh",
+              "aten::_local_scalar_dense"}
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
@@ -49,48 +57,100 @@ def block_frame(start):
     return frame
 
 
-class BlockSpy:
-    """The Python calls made directly from one frame, and what the last returned (sys.settrace, chained)."""
+def _launches(func, args, kwargs, tracer) -> bool:
+    """The op runs a kernel on memory from before the capture (not a view, not an allocation)."""
+    if func.is_view or func._schema.name in _NO_KERNEL:
+        return False
+    return any(isinstance(t, torch.Tensor) and tracer.is_external(t) for t in tree_flatten((args, kwargs))[0])
 
-    def __init__(self, frame):
+
+class _CallOps(TorchDispatchMode):
+    """Marks the block's current direct call as launching when one of its ops does (see `_launches`)."""
+
+    def __init__(self, spy: "BlockSpy", tracer):
+        super().__init__()
+        self.spy, self.tracer = spy, tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        current = self.spy.current
+        if current is not None and current not in self.spy.launching and _launches(func, args, kwargs, self.tracer):
+            self.spy.launching.add(current)
+        return func(*args, **kwargs)
+
+
+class BlockSpy:
+    """The Python calls made directly from one frame, what each returned, which launched kernels."""
+
+    def __init__(self, frame, tracer):
         self.frame = frame
         self.calls: list[tuple[types.CodeType, dict]] = []
-        self.result = None            # what the last direct call returned
+        self.results: dict[int, object] = {}    # call index -> what it returned
+        self.launching: set[int] = set()         # calls that launched kernels on memory from before the capture
+        self.current: int | None = None
         self._previous = None
+        self._ops = _CallOps(self, tracer)
 
     def start(self) -> None:
         # NOTE: sys.settrace, not setprofile: the global function runs once per new Python
         # frame (not for every C call), and only the block's direct calls get a local tracer.
         self._previous = sys.gettrace()
         sys.settrace(self._global)
+        self._ops.__enter__()
 
     def stop(self) -> None:
+        self._ops.__exit__(None, None, None)
         sys.settrace(self._previous)
 
     def _global(self, frame, event, arg):
         local = self._previous(frame, event, arg) if self._previous is not None else None
-        if frame.f_back is not self.frame or _not_callable(frame.f_code.co_filename):
+        if frame.f_back is not self.frame or (frame.f_code not in _MODULE_CALLS
+                                                and _not_callable(frame.f_code.co_filename)):
             return local
+        self.current = len(self.calls)
         self.calls.append((frame.f_code, dict(frame.f_locals)))
         if local is None:
             frame.f_trace_lines = False
-        return self._returned(local)
+        return self._returned(local, self.current)
 
-    def _returned(self, local):
+    def _returned(self, local, index: int):
         def trace(frame, event, arg):
             nonlocal local
             if event == "return":
-                self.result = arg
+                self.results[index] = arg
+                self.current = None
             if local is not None:
                 local = local(frame, event, arg)
             return trace
         return trace
 
+    def chosen(self) -> int | None:
+        """Index of the call to audit: the only one, or the only one that launched kernels."""
+        if len(self.calls) == 1:
+            return 0
+        return next(iter(self.launching)) if len(self.launching) == 1 else None
+
     def callable(self) -> BlockCall | None:
-        """The block's one call, rebuilt as (callable, args, kwargs); None when there is not exactly one."""
-        if len(self.calls) != 1:
-            return None
-        return rebuild(*self.calls[0])
+        """The block's callable, rebuilt as (callable, args, kwargs); None when there is no single one."""
+        index = self.chosen()
+        return None if index is None else rebuild(*self.calls[index])
+
+    @property
+    def result(self):
+        """What the chosen call returned."""
+        index = self.chosen()
+        return None if index is None else self.results.get(index)
+
+    def why(self) -> str:
+        """What the block did, when it has no single callable."""
+        names = [code.co_qualname for code, _ in self.calls]
+        if not names:
+            return "calls no Python function (the captured code is written inline)"
+        if not self.launching:
+            return f"makes {len(names)} calls ({', '.join(names)}) and none launches a kernel on memory from " \
+                   "before the capture"
+        launching = [names[i] for i in sorted(self.launching)]
+        return f"makes {len(names)} calls ({', '.join(names)}), of which {', '.join(launching)} launch kernels"
 
 
 _MODULE_CALLS = {torch.nn.Module._wrapped_call_impl.__code__, torch.nn.Module._call_impl.__code__}
@@ -134,3 +194,42 @@ def describe(call: BlockCall) -> str:
     shown = [repr(a) for a in call.args if isinstance(a, (bool, int, float, str))]
     shown += [f"{k}={v!r}" for k, v in call.kwargs.items() if isinstance(v, (bool, int, float, str))]
     return f"{name}({', '.join(shown)})"
+
+
+MAX_HOPS = 5
+
+
+def _holders(obj):
+    """(holder, step, kind) for each container or object attribute holding `obj`: kind "object" (an
+    attribute of an object: a name to stop at), "tuple" (a position beside other values) or "item"."""
+    for ref in gc.get_referrers(obj):
+        if isinstance(ref, (tuple, list)):
+            kind = "tuple" if isinstance(ref, tuple) else "item"
+            yield from ((ref, f"[{i}]", kind) for i, x in enumerate(ref) if x is obj)
+        elif isinstance(ref, dict):
+            owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
+            for key in [k for k, v in ref.items() if v is obj][:1]:
+                if owners:
+                    yield owners[0], f".{key}", "object"
+                elif not (isinstance(key, str) and key.startswith("_")):
+                    yield ref, f"[{key!r}]", "item"
+        elif hasattr(ref, "__dict__") and not isinstance(ref, (types.FunctionType, types.ModuleType, type)):
+            yield from ((ref, f".{k}", "object") for k, v in list(vars(ref).items()) if v is obj)
+
+
+def located(graph) -> str | None:
+    """Where the engine keeps `graph`: 'Engine.graphs[('decode', 4)]' (owner type, attribute, keys); None if
+    no object attribute holds it within a few containers. A position in a tuple beside it is dropped."""
+    frontier = [(graph, ())]
+    for _ in range(MAX_HOPS):
+        found = []
+        for obj, steps in frontier:
+            for holder, step, kind in _holders(obj):
+                path = ((step, kind),) + steps
+                if kind == "object":
+                    while path and path[-1][1] == "tuple":
+                        path = path[:-1]
+                    return type(holder).__name__ + "".join(s for s, _ in path)
+                found.append((holder, path))
+        frontier = found[:16]
+    return None

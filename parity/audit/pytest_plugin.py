@@ -1,6 +1,7 @@
 """pytest plugin: `pytest --parity-audit` checks every CUDA graph your tests capture against eager.
 
-Loaded through the `pytest11` entry point of eagle-parity (or `-p parity.audit.pytest_plugin`).
+Loaded through the `pytest11` entry point of eagle-parity, named after this module so that
+`-p parity.audit.pytest_plugin` (or `pytest_plugins = [...]`) finds it registered, not twice.
 - `--parity-audit`: for each test (setup, call and teardown), `torch.cuda.CUDAGraph`
   and the emulated stand-in are patched so every capture is audited
   (`parity.audit.auto`); a replay that differs from its callable run eagerly
@@ -10,7 +11,8 @@ Loaded through the `pytest11` entry point of eagle-parity (or `-p parity.audit.p
 - `graph_audit` fixture: the test's AuditSession: `graph_audit.wrap(fn, name=...)`
   for explicit audits, `graph_audit.configure = lambda fn, args: {...}` for
   options of auto-audited callables (num_valid, static_inputs, output_names),
-  `graph_audit.auto()` to audit a block without the command-line option.
+  `graph_audit.auto()` to audit a block without the command-line option. Setting
+  `configure` after a graph was captured is an error (it could not apply).
 Diagnoses go to the JUnit XML as the test's `parity_audit` property (JSON).
 """
 
@@ -40,7 +42,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.stash[_TOTALS] = {"audits": 0, "errors": 0, "unaudited": []}
+    config.stash[_TOTALS] = {"audits": 0, "errors": 0}
 
 
 def _every(config) -> int:
@@ -94,7 +96,6 @@ def pytest_runtest_teardown(item, nextitem):
             totals = item.config.stash[_TOTALS]
             totals["audits"] += len(session.audits)
             totals["errors"] += len(session.errors)
-            totals["unaudited"] += session.unaudited
 
 
 @pytest.hookimpl(wrapper=True)
@@ -124,5 +125,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     terminalreporter.section("parity.audit")
     terminalreporter.write_line(f"{totals['audits']} graph(s) audited, {totals['errors']} diagnosis(es)")
-    for line in totals["unaudited"][:10]:
-        terminalreporter.write_line(f"not audited: {line}")

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from parity.audit.aliases import non_owning
 from parity.audit.defined import Undefined
-from parity.graphs.roles import HOST_TYPES, Path, chain_of, roots_of, walk
+from parity.graphs.roles import HOST_TYPES, Path, chain_of, resolve, roots_of, walk
 from parity.audit.state import bit_equal
 from parity.audit.trace import ReadSetTracer, byte_range, storage_ptr, version_of
 
@@ -66,8 +66,8 @@ class Role:
 
     @property
     def owner_rank(self) -> tuple:
-        """Sort key naming a storage best: the buffer itself first, then whole views, then by name."""
-        return (not self.whole, self.tensor._base is not None, self.name)
+        """Sort key naming a storage best: the buffer itself first, then whole views, then the shortest path."""
+        return (not self.whole, self.tensor._base is not None, self.path.depth(), self.name)
 
 
 @dataclass
@@ -106,7 +106,13 @@ class CaptureRecord:
         return found
 
 
-def _declared(path: Path) -> bool:
+def _declared(path: Path, value: torch.Tensor, roots: dict) -> bool:
+    """A declared static input or a direct tensor argument; never a weight (a module's parameter or buffer)."""
+    if isinstance(value, torch.nn.Parameter):
+        return False
+    parent = resolve(Path(path.root, path.steps[:-1]), roots) if path.steps else None
+    if isinstance(parent, torch.nn.Module) and path.steps[-1][1] in {**parent._parameters, **parent._buffers}:
+        return False
     return path.root == "static" or (path.root in ("args", "kwargs") and path.depth() == 1)
 
 
@@ -139,7 +145,7 @@ def build_record(fn, args, kwargs, static_inputs, tracer: ReadSetTracer, result,
             continue
         per_tensor[id(value)] += 1
         roles.append(Role(path, value, storage_ptr(value), value.data_ptr(), tuple(value.shape), value.dtype,
-                          version_of(value), storage_ptr(value) in tracer.writes, _declared(path),
+                          version_of(value), storage_ptr(value) in tracer.writes, _declared(path, value, roots),
                           chain_of(path, roots)))
     named = {r.storage for r in roles}
     unnamed = [t for (storage, _, _), t in tracer.reads.items() if storage not in named]

@@ -123,11 +123,11 @@ def _children(obj):
 def walk(roots: dict, max_depth: int = MAX_DEPTH):
     """Yield (path, value) for every tensor and host value reachable from `roots`, shortest paths first."""
     visits: dict[int, int] = {}
-    frontier = [(Path(name), obj) for name, obj in roots.items()]
+    frontier = [(Path(name), obj, ()) for name, obj in roots.items()]
     nodes = 0
     while frontier and nodes < MAX_NODES:
         next_frontier = []
-        for path, obj in frontier:
+        for path, obj, above in frontier:
             nodes += 1
             if isinstance(obj, torch.Tensor):
                 yield path, obj
@@ -135,11 +135,14 @@ def walk(roots: dict, max_depth: int = MAX_DEPTH):
             if isinstance(obj, HOST_TYPES) and path.steps:
                 yield path, obj
                 continue
-            if obj is None or _opaque(obj) or visits.get(id(obj), 0) >= MAX_VISITS or path.depth() >= max_depth:
+            # NOTE: a back-reference (`self.runner.engine` is `self`) is no name: a path never passes
+            # through an object twice, so each object is named from its shortest canonical path.
+            if obj is None or _opaque(obj) or visits.get(id(obj), 0) >= MAX_VISITS or path.depth() >= max_depth \
+                    or id(obj) in above:
                 continue
             visits[id(obj)] = visits.get(id(obj), 0) + 1
             for kind, key, child in _children(obj):
-                next_frontier.append((path.child(kind, key), child))
+                next_frontier.append((path.child(kind, key), child, above + (id(obj),)))
         frontier = next_frontier
 
 
