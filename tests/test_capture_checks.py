@@ -127,7 +127,7 @@ def test_a_capture_error_names_the_graph_and_the_line_and_is_diagnosed(backend_n
     assert error.source.name == f"{HERE}:{_line_of(_counting_forward)}"
     assert error.source.function == "_counting_forward" and ".item()" in error.source.code
     d = capture_error.diagnose("full", error)
-    assert d.kind == CAPTURE_ERROR and d.buffers == [error.source.name] and d.step is None
+    assert d.kind == CAPTURE_ERROR and d.buffers == [error.source.name, "_counting_forward"] and d.step is None
     assert d.phase == "verify" and d.owner == "target" and d.experiment
     assert any(error.source.code in line for line in d.evidence)
 

@@ -18,7 +18,7 @@ from parity.graphs.capture_errors import CaptureError
 def diagnose(mode: str, error: CaptureError) -> Diagnosis:
     """The diagnosis of a mode whose capture raised `error` (found at capture: no step)."""
     wanted, source = error.captured_for, error.source
-    named = [source.name] if source is not None else []
+    named = [source.name, source.function] if source is not None else []   # the line, and the function it is in
     evidence = [f"capturing the {wanted.describe()} stopped: {error.message}"]
     if source is not None:
         evidence.append(f"called at {source.name}, in {source.function}: {source.code}")

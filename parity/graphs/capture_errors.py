@@ -33,7 +33,8 @@ _INTERNAL = tuple(os.path.normcase(os.path.realpath(p)) + os.sep for p in (
 
 @dataclass(frozen=True)
 class Source:
-    """One line of code: its file (relative to the import root it was loaded from), line, function, text."""
+    """One line of code: its file (relative to the import root it was loaded from), line, function (qualified:
+    `Class.method`), text."""
 
     file: str
     line: int
@@ -70,7 +71,7 @@ def engine_source(tb) -> Source | None:
     for frame, line in traceback.walk_tb(tb):
         path = os.path.normcase(os.path.realpath(frame.f_code.co_filename))
         if not path.startswith(_INTERNAL):
-            found = (frame.f_code.co_filename, line, frame.f_code.co_name)
+            found = (frame.f_code.co_filename, line, getattr(frame.f_code, "co_qualname", frame.f_code.co_name))
     if found is None:
         return None
     filename, line, function = found
