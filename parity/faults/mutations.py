@@ -231,3 +231,13 @@ class PaddedSlotsReused:
         filler = [earlier[i % len(earlier)] for i in range(pad)] if earlier else [PAD_SLOT] * pad
         self.buffers[name][: len(values) + pad].copy_(torch.tensor(values + filler, dtype=torch.int64))
         self._earlier_slots = (list(values) + earlier)[:4096]
+
+
+class LogitsOfLiveTokens:
+    """The target computes logits for the live tokens only, counting them on the host with `.item()` on
+    query_start_loc: right in eager code, and a host sync inside the captured verify forward, which no graph
+    can capture."""
+
+    def logits(self, hidden, meta):
+        live = int(meta.query_start_loc[-1].item())
+        return super().logits(hidden[:live], meta)

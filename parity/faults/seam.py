@@ -46,6 +46,8 @@ MUTATIONS: dict[str, Mutation] = {
     "query-start-loc-one-short": Mutation(("proposer",), m.QueryStartLocOneShort),
     "seq-lens-from-tail": Mutation(BUILDERS, m.SeqLensFromTail),
     "padded-slots-reused": Mutation(BUILDERS, m.PaddedSlotsReused),
+    "graph-key-ignores-phase": Mutation(("executor",), r.GraphKeyIgnoresPhase),
+    "logits-item-in-capture": Mutation(("target_runner",), m.LogitsOfLiveTokens),
 }
 
 
