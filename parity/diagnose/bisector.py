@@ -151,11 +151,8 @@ class Bisector:
         unstable = reproducible.check(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, **where)
         if unstable is not None:
             return unstable
-        fields = descriptor.mismatch(executor, dispatch, entry)
-        if fields:
-            found = descriptor.diagnose(self, graph, ev_g, snaps, out_r, executor, entry, fields, **where)
-            if found is not None:
-                return found
+        if descriptor.shape_differs(dispatch, entry):
+            return descriptor.diagnose(self, ev_g, entry, **where)
         reads = readset.reference_reads(self, ref, ev_r, snaps["ref"])
         repairs = experiments.candidates(ref, graph, ev_r, ev_g, snaps, entry, set(reads))
         culprits, others = experiments.confirm(self, graph, ev_g, snaps, out_r, repairs)

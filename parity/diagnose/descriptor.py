@@ -1,16 +1,21 @@
-"""WRONG_GRAPH and DESCRIPTOR_MISMATCH: the forward replayed a graph captured for another key than its batch's.
+"""WRONG_GRAPH and DESCRIPTOR_MISMATCH: a batch looked up a graph captured for another key, or shape, than its own.
 
 Every graph records what it was captured for (owner, phase, runtime mode,
-padded descriptor: `graphs.descriptor.CapturedFor`), and the dispatch says what
-its batch was built for. When they differ, whatever lookup found the graph (a
-key that ignores a field, a size search off by one), the one-variable
-experiment replays, on the same pre-state, a graph captured for what the batch
-asked for: the one captured for it, else one captured now from the dispatched
-phase's forward at the dispatched shape. Bitwise parity restored names the
-lookup: WRONG_GRAPH when the graph belongs to another phase, owner or runtime
-mode (another forward's kernels ran), DESCRIPTOR_MISMATCH when only the padded
-shape differs (rows beyond the batch are phantom requests). The fields that
-differ are named, both graphs are described.
+padded descriptor: `graphs.descriptor.CapturedFor`), and the graph runner
+checks it against the dispatch before every replay: a mismatch, whatever lookup
+found the graph (a key that ignores a field, a size search off by one), stops
+the graph run there (`WrongGraph`). The one-variable experiment then replays,
+on that forward's pre-state, a graph captured for what the batch asked for:
+the one captured for it, else one captured now from the dispatched phase's
+forward at the dispatched shape; bitwise parity with the reference confirms
+the lookup. WRONG_GRAPH when the graph belongs to another phase, owner or
+runtime mode (another forward's kernels would run), DESCRIPTOR_MISMATCH when
+only the padded shape differs (rows beyond the batch are phantom requests).
+The fields that differ are named, both graphs described.
+
+The check passes when the dispatcher's own descriptor names a graph captured
+at another shape than the batch it padded: that is DESCRIPTOR_MISMATCH found
+at the divergent forward (`diagnose`).
 """
 
 from __future__ import annotations
@@ -21,37 +26,24 @@ from parity.graphs.capture import capture
 from parity.graphs.modes import PIECEWISE
 
 
-def mismatch(executor, dispatch, entry) -> list[str]:
-    """The fields of what `entry` was captured for that differ from what `dispatch` asks for; 'descriptor'
-    also when the graph of the dispatched descriptor was captured at another shape than the batch's padding."""
-    found = entry.captured_for.differing(executor.wanted(dispatch)) if entry.captured_for is not None else []
-    if not found and (entry.num_tokens, entry.num_reqs) != (dispatch.num_tokens_padded, dispatch.num_reqs_padded):
-        found = ["descriptor"]
-    return found
+def shape_differs(dispatch, entry) -> bool:
+    """The graph of the dispatched key was captured at another shape than the batch's padding."""
+    return (entry.num_tokens, entry.num_reqs) != (dispatch.num_tokens_padded, dispatch.num_reqs_padded)
 
 
 def kind_of(fields: list[str]) -> str:
     return WRONG_GRAPH if set(fields) - {"descriptor"} else DESCRIPTOR_MISMATCH
 
 
-def diagnose(bisector, graph, ev_g, snaps, out_r, executor, entry, fields, **where):
-    """The diagnosis of a divergent forward whose graph was looked up for another key or shape, when replaying
-    a graph captured for the dispatched key restores parity, else None."""
+def diagnose(bisector, ev_g, entry, **where):
+    """DESCRIPTOR_MISMATCH when the dispatcher's own descriptor names a graph of another shape than the batch it
+    padded (the graph is the one captured for the key: the replay check passed)."""
     d = ev_g.dispatch
-    if entry.captured_for == executor.wanted(d):
-        # The dispatcher's own descriptor names a graph of another shape than the batch it padded.
-        evidence = [f"the batch was padded to {d.num_tokens_padded} tokens x {d.num_reqs_padded} rows, but its "
-                    f"descriptor names the graph captured for {entry.num_tokens} tokens x {entry.num_reqs} rows: "
-                    "rows beyond the batch are read from whatever the buffers held"]
-        return bisector.diagnosis(DESCRIPTOR_MISMATCH, ["descriptor"], ev_g, evidence=evidence,
-                                  experiment="compare the batch's padded shape with its graph's capture shape",
-                                  **where)
-    experiment, restored = _right_graph(bisector, graph, ev_g, snaps, out_r, executor)
-    if not restored:
-        return None
-    return bisector.diagnosis(kind_of(fields), fields, ev_g, evidence=_evidence(ev_g, entry.captured_for,
-                                                                                  executor, fields, experiment),
-                              experiment=experiment, **where)
+    evidence = [f"the batch was padded to {d.num_tokens_padded} tokens x {d.num_reqs_padded} rows, but its "
+                f"descriptor names the graph captured for {entry.num_tokens} tokens x {entry.num_reqs} rows: "
+                "rows beyond the batch are read from whatever the buffers held"]
+    return bisector.diagnosis(DESCRIPTOR_MISMATCH, ["descriptor"], ev_g, evidence=evidence,
+                              experiment="compare the batch's padded shape with its graph's capture shape", **where)
 
 
 def stopped(bisector, graph, ev_g, snaps, out_r, wrong):
