@@ -241,7 +241,7 @@ def test_a_graph_mode_that_replayed_no_graph_is_refused():
     from parity.harness.gate import refuse_vacuous
 
     def run(replays):
-        return SimpleNamespace(graph_replays=replays, short_buffers=None)
+        return SimpleNamespace(graph_replays=replays, short_buffers=None, result=object())   # a run that ran
 
     cmp = SimpleNamespace(acceptance=Acceptance(10, (5, 2)))
     refuse_vacuous({"eager": run(None), "full": run(7)}, {"eager": cmp, "full": cmp})

@@ -63,8 +63,9 @@ def test_fault_is_found_where_it_shows_and_nowhere_else(variant, name):
             # Named only by an experiment that isolated it: the diagnosis says which.
             assert diagnosis["experiment"], (mode, diagnosis["evidence"])
             assert diagnosis["phase"] is not None
-            # A capacity shortfall is found before capture, at no step; every other kind at the step it showed.
-            assert (diagnosis["step"] is None) == (fault.kind == "SHORT_BUFFER"), diagnosis
+            # A capacity shortfall is found before capture and a capture error at capture, at no step; every other
+            # kind at the step it showed.
+            assert (diagnosis["step"] is None) == (fault.kind in ("SHORT_BUFFER", "CAPTURE_ERROR")), diagnosis
         else:
             assert verdict == "pass", f"{name} flagged in {mode}: {summary['modes'][mode]['reasons']}"
             assert diagnosis is None

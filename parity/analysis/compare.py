@@ -155,11 +155,22 @@ def describe_leak(leak: dict) -> str:
     return f"{where}: live {', '.join(leak['outputs'][:4])} change with the padding ({what})"
 
 
-def refused_comparison(mode: str, eager, k: int, short_buffers: list[dict]) -> ModeComparison:
-    """A mode the capacity audit refused before capture: nothing ran, and that is a graph bug (drift)."""
+def refused_comparison(mode: str, eager, k: int, run) -> ModeComparison:
+    """A mode refused before it ran (the capacity audit, a capture that stopped at an op no graph can capture)
+    or stopped before a batch replayed a graph captured for another key: no records, and a graph bug (drift)."""
     acc = acceptance(eager.drafts.iloc[0:0], k)
     cmp = ModeComparison(mode, acc, [(0.0, 0.0)] * k, False, [], 0.0, 0.0, None, [False] * k, verdict="drift")
-    cmp.reasons = [f"not run: a padded batch does not fit a persistent buffer: {s['message']}" for s in short_buffers]
+    cmp.reasons = [f"not run: a padded batch does not fit a persistent buffer: {s['message']}"
+                   for s in getattr(run, "short_buffers", None) or ()]
+    error = getattr(run, "capture_error", None)
+    if error:
+        cmp.reasons.append(f"not run: capturing the {error['graph']} stopped at "
+                           f"{error['source'] or 'an op of torch'}: {error['message']}")
+    wrong = getattr(run, "wrong_graph", None)
+    if wrong:
+        cmp.reasons.append(f"stopped at step {wrong['step']}: a batch that asked for the {wrong['wanted']['graph']} "
+                           f"was about to replay the {wrong['replayed']['graph']} (differing in "
+                           f"{', '.join(wrong['differs'])})")
     return cmp
 
 
@@ -183,7 +194,7 @@ def compare_runs(runset, scenario) -> dict[str, ModeComparison]:
     out = {}
     for mode, run in runs.items():
         if run.result is None:
-            out[mode] = refused_comparison(mode, eager, k, run.short_buffers)
+            out[mode] = refused_comparison(mode, eager, k, run)
             continue
         name = reference_of.get(mode)
         reference = (name, references[name].result) if name is not None and name in numbers else None

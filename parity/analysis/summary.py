@@ -82,6 +82,10 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
                                      .items()} if ran else {},
         # The capacity audit's findings when it refused the mode before capture (nothing ran).
         "short_buffers": getattr(run, "short_buffers", None),
+        # The capture that stopped at an op no graph can capture (nothing ran), and its engine source line.
+        "capture_error": getattr(run, "capture_error", None),
+        # The run stopped before a batch replayed a graph captured for another key than its own (both keys).
+        "wrong_graph": getattr(run, "wrong_graph", None),
         "capture": run.capture,
         "graph_replays": run.graph_replays,
         "reference": reference_summary(cmp),

@@ -7,11 +7,14 @@ import dataclasses
 import torch
 
 from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, SHORT_BUFFER, UNEXPLAINED
-from parity.diagnose import descriptor, experiments, lifetime, padding, pool, readset, recapture, reproducible
+from parity.diagnose import (capture_error, descriptor, experiments, lifetime, padding, pool, readset, recapture,
+                             reproducible)
 from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
 from parity.graphs.capacity import ShortBuffers
+from parity.graphs.capture_errors import CaptureError
+from parity.graphs.descriptor import WrongGraph
 from parity.graphs.factory import install_graphs, install_padded_reference
 from parity.graphs.modes import EAGER
 from parity.graphs.policy import CapturePolicy
@@ -40,6 +43,8 @@ def bisect_mode(make_engine, specs, mode: str, backend: str, scenario, policy: C
             diagnosis = Bisector(make_engine, reference(False), graphs, specs, mode).run()
         except ShortBuffers as short:     # the capacity audit refused the mode before anything was captured
             return short_buffer_diagnosis(mode, short.shortfalls)
+        except CaptureError as error:     # a graph of the mode cannot be captured at all
+            return capture_error.diagnose(mode, error)
     if diagnosis.kind == NONE:
         first = diagnosis
         diagnosis = PaddingBisector(make_engine, reference(False), reference(True), specs, mode).run()
@@ -80,18 +85,24 @@ class Bisector:
         ref, graph = self.make_engine(), self.make_engine()
         self.install_reference(ref)
         self.install_graph(graph)
-        snaps = {}
+        snaps, pre = {}, None
         target_out = None   # (graph logits tensor, eager logits copy, verify event)
         overwritten_by = None
         results: dict = {"ref": {}, "graph": {}}
         ref_events, graph_events = ref.events(self.specs, holder=results["ref"]), graph.events(
             self.specs, holder=results["graph"])
-        for ev_r, ev_g in zip(ref_events, graph_events):
+        for ev_r in ref_events:
+            try:
+                ev_g = next(graph_events)
+            except StopIteration:
+                break
+            except WrongGraph as wrong:    # the replay check stopped the graph run before the graph ran
+                return descriptor.stopped(self, graph, pre, snaps, outputs(ref, ev_r), wrong)
             if (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase, ev_g.draft_step):
                 return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
                     "the two runs' schedules parted without a forward's outputs differing first"])
             if ev_g.kind == "pre":
-                snaps = {"ref": snapshot(ref, ev_r.meta), "graph": snapshot(graph, ev_g.meta)}
+                snaps, pre = {"ref": snapshot(ref, ev_r.meta), "graph": snapshot(graph, ev_g.meta)}, ev_g
                 continue
             if ev_g.kind == "step_end":
                 if target_out is not None:
@@ -109,7 +120,7 @@ class Bisector:
                 target_out = (ev_g.logits, out_r["logits"], ev_g)
             elif target_out is not None and overwritten_by is None and _logits_drift(*target_out) > self.tol:
                 overwritten_by = ev_g
-        next(graph_events, None)    # zip stopped at the reference's end: let the graph run finish too
+        next(graph_events, None)    # the reference ended: let the graph run finish too
         found = self.after_the_forwards(graph, results["ref"].get("result"), results["graph"].get("result"))
         if found is not None:
             return found
@@ -140,10 +151,8 @@ class Bisector:
         unstable = reproducible.check(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, **where)
         if unstable is not None:
             return unstable
-        if descriptor.mismatched(executor, dispatch, entry):
-            found = descriptor.diagnose(self, graph, ev_g, snaps, out_r, executor, entry, **where)
-            if found is not None:
-                return found
+        if descriptor.shape_differs(dispatch, entry):
+            return descriptor.diagnose(self, ev_g, entry, **where)
         reads = readset.reference_reads(self, ref, ev_r, snaps["ref"])
         repairs = experiments.candidates(ref, graph, ev_r, ev_g, snaps, entry, set(reads))
         culprits, others = experiments.confirm(self, graph, ev_g, snaps, out_r, repairs)

@@ -1,45 +1,106 @@
-"""DESCRIPTOR_MISMATCH: the forward replayed a graph captured for another batch shape.
+"""WRONG_GRAPH and DESCRIPTOR_MISMATCH: a batch looked up a graph captured for another key, or shape, than its own.
 
-A batch is built (metadata, padding) for the dispatcher's padded shape; the
-graph it replays must have been captured for exactly that descriptor. When
-the replayed graph's capture shape differs, the one-variable experiment
-replays the graph captured for the dispatched descriptor instead, on the same
-state: bitwise parity restored names the lookup.
+Every graph records what it was captured for (owner, phase, runtime mode,
+padded descriptor: `graphs.descriptor.CapturedFor`), and the graph runner
+checks it against the dispatch before every replay: a mismatch, whatever lookup
+found the graph (a key that ignores a field, a size search off by one), stops
+the graph run there (`WrongGraph`). The one-variable experiment then replays,
+on that forward's pre-state, a graph captured for what the batch asked for:
+the one captured for it, else one captured now from the dispatched phase's
+forward at the dispatched shape; bitwise parity with the reference confirms
+the lookup. WRONG_GRAPH when the graph belongs to another phase, owner or
+runtime mode (another forward's kernels would run), DESCRIPTOR_MISMATCH when
+only the padded shape differs (rows beyond the batch are phantom requests).
+The fields that differ are named, both graphs described.
+
+The check passes when the dispatcher's own descriptor names a graph captured
+at another shape than the batch it padded: that is DESCRIPTOR_MISMATCH found
+at the divergent forward (`diagnose`).
 """
 
 from __future__ import annotations
 
-from parity.analysis.kinds import DESCRIPTOR_MISMATCH
-from parity.diagnose.state import restore
+from parity.analysis.kinds import DESCRIPTOR_MISMATCH, WRONG_GRAPH
+from parity.diagnose.state import executor_of, forward_fn, restore
+from parity.graphs.capture import capture
+from parity.graphs.modes import PIECEWISE
 
 
-def mismatched(executor, dispatch, entry) -> bool:
+def shape_differs(dispatch, entry) -> bool:
+    """The graph of the dispatched key was captured at another shape than the batch's padding."""
     return (entry.num_tokens, entry.num_reqs) != (dispatch.num_tokens_padded, dispatch.num_reqs_padded)
 
 
-def diagnose(bisector, graph, ev_g, snaps, out_r, executor, entry, **where):
-    """The diagnosis when replaying the graph of the dispatched descriptor restores parity, else None."""
+def kind_of(fields: list[str]) -> str:
+    return WRONG_GRAPH if set(fields) - {"descriptor"} else DESCRIPTOR_MISMATCH
+
+
+def diagnose(bisector, ev_g, entry, **where):
+    """DESCRIPTOR_MISMATCH when the dispatcher's own descriptor names a graph of another shape than the batch it
+    padded (the graph is the one captured for the key: the replay check passed)."""
     d = ev_g.dispatch
-    right = executor.graphs.get((d.phase, d.runtime_mode, d.descriptor))
-    replayed = f"{entry.num_tokens} tokens x {entry.num_reqs} rows"
-    built = f"{d.num_tokens_padded} tokens x {d.num_reqs_padded} rows"
-    if right is entry:
-        # The dispatcher's own descriptor names a graph of another shape than the batch it padded.
-        evidence = [f"the batch was padded to {built}, but its descriptor names the graph captured for {replayed}: "
-                    "rows beyond the batch are read from whatever the buffers held"]
-        return bisector.diagnosis(DESCRIPTOR_MISMATCH, ["descriptor"], ev_g, evidence=evidence,
-                                  experiment="compare the batch's padded shape with its graph's capture shape",
-                                  **where)
+    evidence = [f"the batch was padded to {d.num_tokens_padded} tokens x {d.num_reqs_padded} rows, but its "
+                f"descriptor names the graph captured for {entry.num_tokens} tokens x {entry.num_reqs} rows: "
+                "rows beyond the batch are read from whatever the buffers held"]
+    return bisector.diagnosis(DESCRIPTOR_MISMATCH, ["descriptor"], ev_g, evidence=evidence,
+                              experiment="compare the batch's padded shape with its graph's capture shape", **where)
+
+
+def stopped(bisector, graph, ev_g, snaps, out_r, wrong):
+    """The diagnosis of a graph run the replay check stopped (`WrongGraph`) at the forward `ev_g` (its pre
+    event: nothing replayed yet), with the reference's outputs `out_r` of that forward."""
+    executor = executor_of(graph, ev_g.owner)
+    fields = wrong.replayed.differing(wrong.wanted)
+    experiment, restored = _right_graph(bisector, graph, ev_g, snaps, out_r, executor)
+    evidence = _evidence(ev_g, wrong.replayed, executor, fields, experiment if restored else None)
+    if not restored:
+        evidence.append(f"{experiment}: parity is not restored either; another difference remains")
+    d = ev_g.dispatch
+    return bisector.diagnosis(kind_of(fields), fields, ev_g, evidence=evidence,
+                              experiment=experiment if restored else "the replay check: what the graph found was "
+                              "captured for against what the dispatch asked for",
+                              graph_info={"runtime_mode": d.runtime_mode, "num_tokens": d.num_tokens_padded,
+                                          "num_reqs": d.num_reqs_padded})
+
+
+def _evidence(ev_g, replayed, executor, fields, experiment) -> list[str]:
+    d = ev_g.dispatch
+    found = [f"the batch ({d.num_tokens} real tokens, {d.num_reqs} real rows, padded to {d.num_tokens_padded} "
+             f"tokens x {d.num_reqs_padded} rows) asked for the {executor.wanted(d).describe()}, but the lookup "
+             f"found the {replayed.describe()}, differing in {', '.join(fields)}"]
+    if experiment:
+        found.append(f"{experiment}: bitwise parity with the padded reference restored")
+    return found
+
+
+def _right_graph(bisector, graph, ev_g, snaps, out_r, executor) -> tuple[str, bool]:
+    """Replay a graph captured for the dispatched key on the forward's pre-state: (the experiment, whether its
+    outputs equal the reference's bit for bit)."""
+    wanted = executor.wanted(ev_g.dispatch)
+    right = next((e.graph for e in executor.graphs.values() if e.captured_for == wanted), None)
+    if right is not None:
+        experiment = f"replay the {wanted.describe()} instead of the graph the lookup found"
+    else:
+        right = _captured_now(graph, ev_g, snaps, executor, wanted)
+        experiment = f"capture the {wanted.describe()} now (none was captured for it) and replay it instead"
     if right is None:
-        return None
+        return experiment, False
     restore(snaps["graph"])
     bisector.replays += 1
-    out = right.graph.replay(ev_g.meta)
-    if not bisector.outputs_match(graph, ev_g, out_r, out[0] if out else None):
+    out = right.replay(ev_g.meta)
+    return experiment, bisector.outputs_match(graph, ev_g, out_r, out[0] if out else None)
+
+
+def _captured_now(graph, ev_g, snaps, executor, wanted):
+    """A graph of the dispatched phase's forward captured at the dispatched shape on the live metadata."""
+    d = ev_g.dispatch
+    fn = forward_fn(graph, ev_g.owner, wanted.phase)
+    restore(snaps["graph"])
+    try:
+        return capture(executor.backend, executor.backend.new_pool("bisect"),
+                       lambda: fn(d.num_tokens_padded, d.num_reqs_padded, ev_g.meta),
+                       piecewise=wanted.runtime_mode == PIECEWISE, weak_outputs=False)
+    except (RuntimeError, IndexError, ValueError):    # the forward cannot be captured here: no experiment
         return None
-    experiment = f"replay the graph captured for the dispatched descriptor ({built}) instead of the one looked up"
-    evidence = [f"the batch ({d.num_tokens} real tokens, {d.num_reqs} real rows) was built for the descriptor "
-                f"{built}, but replayed the graph captured for {replayed}",
-                f"{experiment}: bitwise parity with the padded reference restored"]
-    return bisector.diagnosis(DESCRIPTOR_MISMATCH, ["descriptor"], ev_g, evidence=evidence, experiment=experiment,
-                              **where)
+    finally:
+        restore(snaps["graph"])

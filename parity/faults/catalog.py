@@ -18,10 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
-                                   NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS, SHORT_BUFFER,
-                                   STALE_BUFFER)
+from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, CAPTURE_ERROR, DESCRIPTOR_MISMATCH,
+                                   FROZEN_AT_CAPTURE, NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS,
+                                   SHORT_BUFFER, STALE_BUFFER, WRONG_GRAPH)
 from parity.errors import ParityInputError
+from parity.faults.mutations import LogitsOfLiveTokens
+from parity.graphs.capture_errors import source_of
 from parity.graphs.modes import EAGER, MODES
 
 SCENARIOS = Path("scenarios")
@@ -111,6 +113,14 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "issue 27", "s002-padded-drafter", GRAPH_MODES,
           "draft decode steps bound every row's context by the batch's shortest, reduced on the device over the "
           "padded rows too: a padded row's zero becomes each live row's bound"),
+    Fault("graph-key-ignores-phase", WRONG_GRAPH, ("phase",), "GraphExecutor.graph_key", "issue 28",
+          "default", ("piecewise",),
+          "graphs are keyed by runtime mode and descriptor without the phase: the drafter's decode step replays "
+          "the prefill's graph of the same padded shape"),
+    Fault("logits-item-in-capture", CAPTURE_ERROR, (source_of(LogitsOfLiveTokens.logits, ".item()"),),
+          "TargetRunner.logits", "issue 28", "default", GRAPH_MODES,
+          "the target counts its live tokens with .item() on query_start_loc inside the verify forward: a host "
+          "sync no graph can capture"),
 ]}
 
 

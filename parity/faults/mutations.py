@@ -242,3 +242,13 @@ class DraftBoundBatchMin:
         seq_lens = meta.seq_lens[:num_reqs_padded]
         seq_lens.copy_(torch.minimum(seq_lens, seq_lens.min()))
         return super().step_forward(num_tokens_padded, num_reqs_padded, meta)
+
+
+class LogitsOfLiveTokens:
+    """The target computes logits for the live tokens only, counting them on the host with `.item()` on
+    query_start_loc: right in eager code, and a host sync inside the captured verify forward, which no graph
+    can capture."""
+
+    def logits(self, hidden, meta):
+        live = int(meta.query_start_loc[-1].item())
+        return super().logits(hidden[:live], meta)

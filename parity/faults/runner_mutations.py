@@ -29,3 +29,12 @@ class GraphOneSizeUp:
         sizes = [k[2].num_tokens for k in same]
         i = bisect_right(sizes, dispatch.num_tokens_padded)
         return self.graphs[same[i] if i < len(same) else key]
+
+
+class GraphKeyIgnoresPhase:
+    """Graphs are stored and looked up under their runtime mode and descriptor alone, the phase left out of the
+    key: the drafter's prefill and decode step share a key wherever their padded descriptors coincide, so the
+    decode step's graph is never captured and the step replays the prefill's graph of the same shape."""
+
+    def graph_key(self, phase, runtime_mode, descriptor):
+        return (runtime_mode, descriptor)

@@ -47,6 +47,8 @@ MUTATIONS: dict[str, Mutation] = {
     "seq-lens-from-tail": Mutation(BUILDERS, m.SeqLensFromTail),
     "padded-slots-reused": Mutation(BUILDERS, m.PaddedSlotsReused),
     "draft-bound-batch-min": Mutation(("proposer",), m.DraftBoundBatchMin),
+    "graph-key-ignores-phase": Mutation(("executor",), r.GraphKeyIgnoresPhase),
+    "logits-item-in-capture": Mutation(("target_runner",), m.LogitsOfLiveTokens),
 }
 
 

@@ -100,6 +100,13 @@ class CudaBackend:
             pass
         capture.stream_ctx.__exit__(None, None, None)
 
+    @staticmethod
+    def refused_while_capturing(exc: BaseException) -> bool:
+        """Whether `exc`, raised inside a capture whose body ran eagerly in the warm-up, is CUDA refusing an op
+        while the stream captures (a host sync, a pageable copy: "operation not permitted when stream is
+        capturing") rather than the engine failing."""
+        return isinstance(exc, RuntimeError) and "captur" in str(exc).lower()
+
     def finish(self, pool, outputs: tuple, segments, weak_outputs: bool) -> tuple:
         """End of a capture. The caching allocator already reclaimed what died; with weak
         outputs (as vLLM holds them) the outputs' memory goes back to the pool as well."""

@@ -6,7 +6,11 @@ those same tensors and writes results into the tensors captured, so:
 - a graph keeps reading the tensor it captured even after the engine rebinds a
   buffer name to a new tensor (BUFFER_REASSIGNED);
 - Python control flow and Python scalars are frozen at capture (FROZEN_AT_CAPTURE);
-- a host sync during capture raises, as it does under CUDA capture;
+- a host sync during capture raises, as it does under CUDA capture: the ops
+  that read a value on the host (`.item()`, `nonzero`, boolean masks, ...) at
+  the aten level, and the tensor methods that copy to the host without an aten
+  op on the CPU (`.tolist()`, `.cpu()`, `.numpy()`, printing) at the torch
+  function level;
 - a later capture into the same pool can place its temporaries in outputs that
   an earlier graph released, so pool aliasing happens (POOL_ALIAS).
 
@@ -21,6 +25,7 @@ index dtypes are checked.
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -29,10 +34,26 @@ from parity.graphs.emulated_pool import EmulatedPool
 
 aten = torch.ops.aten
 
+# The aten ops that read a value on the host (a sync) or give an output whose shape depends on values, each with
+# the Python call that reaches it.
 _SYNC_OPS = {
-    aten._local_scalar_dense.default, aten.nonzero.default, aten.nonzero_static.default,
-    aten.masked_select.default, aten.is_nonzero.default, aten.equal.default,
-    aten._unique2.default, aten.unique_consecutive.default, aten.unique_dim.default,
+    aten._local_scalar_dense.default: ".item() (or int(), float(), bool(), an `if` on a tensor)",
+    aten.nonzero.default: "nonzero (a data-dependent shape)",
+    aten.nonzero_static.default: "nonzero_static",
+    aten.masked_select.default: "masked_select (a data-dependent shape)",
+    aten.is_nonzero.default: "bool() of a tensor (an `if` on a tensor)",
+    aten.equal.default: "torch.equal",
+    aten._unique2.default: "unique (a data-dependent shape)",
+    aten.unique_consecutive.default: "unique_consecutive (a data-dependent shape)",
+    aten.unique_dim.default: "unique (a data-dependent shape)",
+}
+# Tensor methods that read device memory on the host: on the CPU they run without an aten op (or return the
+# tensor itself), under CUDA capture they are a device-to-host copy the capture refuses.
+_HOST_READS = {
+    torch.Tensor.tolist: ".tolist()", torch.Tensor.cpu: ".cpu()", torch.Tensor.numpy: ".numpy()",
+    torch.Tensor.__array__: "numpy.asarray()",
+    torch.Tensor.__repr__: "printing a tensor", torch.Tensor.__str__: "printing a tensor",
+    torch.Tensor.__format__: "formatting a tensor",
 }
 # In-place ops that only change a tensor's metadata: frozen aliases already carry it.
 _METADATA_INPLACE = {
@@ -81,6 +102,16 @@ def _classify(func, args, kwargs, out) -> int:
     return FUNCTIONAL
 
 
+class _HostReads(TorchFunctionMode):
+    """Refuses the host reads of a tensor that the CPU does without an aten op (`_HOST_READS`)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _HOST_READS:
+            raise CaptureSyncError(f"{_HOST_READS[func]} reads a tensor on the host (a device-to-host copy and a "
+                                   "sync) and cannot be captured in a graph")
+        return func(*args, **(kwargs or {}))
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self, pool: EmulatedPool | None):
         super().__init__()
@@ -91,11 +122,13 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _SYNC_OPS:
-            raise CaptureSyncError(f"{func} needs a host sync and cannot be captured in a graph")
+            raise CaptureSyncError(f"{_SYNC_OPS[func]} needs a host sync ({func}) and cannot be captured in a "
+                                   "graph")
         if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default):
             indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
             if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
-                raise CaptureSyncError("boolean-mask indexing needs a host sync and cannot be captured")
+                raise CaptureSyncError("boolean-mask indexing (a data-dependent shape) needs a host sync and "
+                                       "cannot be captured in a graph")
         out = func(*args, **kwargs)
         for t in tree_flatten((args, kwargs))[0]:
             if isinstance(t, torch.Tensor) and t.numel():
@@ -167,15 +200,23 @@ class EmulatedBackend:
 
     def begin(self, pool: EmulatedPool) -> _Recorder:
         recorder = _Recorder(pool)
+        recorder.host_reads = _HostReads()
+        recorder.host_reads.__enter__()
         recorder.__enter__()
         return recorder
 
     def end(self, recorder: _Recorder) -> EmulatedSegment:
-        recorder.__exit__(None, None, None)
+        self.abort(recorder)
         return EmulatedSegment(recorder.ops, recorder.read_storages)
 
     def abort(self, recorder: _Recorder) -> None:
         recorder.__exit__(None, None, None)
+        recorder.host_reads.__exit__(None, None, None)
+
+    @staticmethod
+    def refused_while_capturing(exc: BaseException) -> bool:
+        """Whether `exc`, raised inside a capture, is this backend refusing an op as CUDA capture does."""
+        return isinstance(exc, CaptureSyncError)
 
     def finish(self, pool: EmulatedPool, outputs: tuple, segments, weak_outputs: bool) -> tuple:
         """End of a capture: what nothing holds any more returns to the pool.

@@ -3,6 +3,13 @@
 Each owner captures into its own pool (the drafter's is dedicated by default,
 seed 004). Capture runs on dummy metadata with PAD slots and leaves no trace:
 buffers and KV caches are snapshotted before and restored after.
+
+Every graph records what it was captured for (owner, phase, runtime mode,
+padded descriptor), and every replay checks it against what the dispatch asked
+for, whatever lookup found the graph: a mismatch raises `WrongGraph` before the
+graph runs (another forward's graph may read past the batch's buffers). A
+capture that stops at an op no graph can capture raises `CaptureError`, naming
+the graph and the engine's line.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from parity.graphs.capture import CapturedGraph, capture
-from parity.graphs.descriptor import Dispatch
+from parity.graphs.capture_errors import CaptureError, engine_source
+from parity.graphs.descriptor import BatchDescriptor, CapturedFor, Dispatch, WrongGraph
 from parity.graphs.dispatcher import Dispatcher
 from parity.graphs.manifest import build_manifest
 from parity.graphs.modes import EAGER, PIECEWISE
@@ -26,6 +34,7 @@ class GraphEntry:
     num_tokens: int
     num_reqs: int
     captured_with: dict     # the Python values of the capture-time metadata
+    captured_for: CapturedFor | None = None    # owner, phase, runtime mode and descriptor it was captured for
     capture_meta: object = None    # the capture-time metadata object itself (its tensors are what the graph read)
     # (owner, name) -> the contents of every integer buffer as the capture saw them, kept on the host (no
     # device memory beyond the plan's): a value the forward read to the host while capturing is baked in,
@@ -54,14 +63,25 @@ class GraphExecutor:
     def dispatch(self, phase: str, num_tokens: int, num_reqs: int, uniform: bool) -> Dispatch:
         return self.dispatcher.dispatch(phase, num_tokens, num_reqs, uniform)
 
+    def graph_key(self, phase: str, runtime_mode: str, descriptor: BatchDescriptor) -> tuple:
+        """What a graph is stored and looked up under."""
+        return (phase, runtime_mode, descriptor)
+
     def entry(self, dispatch: Dispatch) -> GraphEntry:
         """The captured graph a (non-eager) dispatch replays."""
-        return self.graphs[(dispatch.phase, dispatch.runtime_mode, dispatch.descriptor)]
+        return self.graphs[self.graph_key(dispatch.phase, dispatch.runtime_mode, dispatch.descriptor)]
+
+    def wanted(self, dispatch: Dispatch) -> CapturedFor:
+        """What the graph a dispatch replays must have been captured for."""
+        return CapturedFor(self.owner, dispatch.phase, dispatch.runtime_mode, dispatch.descriptor)
 
     def execute(self, dispatch: Dispatch, fn, meta):
         if dispatch.runtime_mode == EAGER:
             return fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
-        out = self.replay(self.entry(dispatch), meta)
+        entry = self.entry(dispatch)
+        if entry.captured_for != self.wanted(dispatch):
+            raise WrongGraph(entry.captured_for, self.wanted(dispatch))
+        out = self.replay(entry, meta)
         copied = self.copied_outputs.get(dispatch.phase)
         return tuple(t.clone() if i in copied else t for i, t in enumerate(out)) if copied else out
 
@@ -75,9 +95,10 @@ class GraphExecutor:
         caches back as they were before any capture (a capture leaves no trace)."""
         count = 0
         for runtime, descriptor, num_tokens, num_reqs in self.dispatcher.capture_plan(phase, max_tokens):
-            key = (phase, runtime, descriptor)
+            key = self.graph_key(phase, runtime, descriptor)
             if key in self.graphs:
                 continue
+            captured_for = CapturedFor(self.owner, phase, runtime, descriptor)
             try:
                 meta = capture_metadata(num_tokens, num_reqs)
                 body = lambda t=num_tokens, r=num_reqs, m=meta: fn(t, r, m)  # noqa: E731
@@ -87,14 +108,30 @@ class GraphExecutor:
                     self.backend.warmup(body)
                     contents = {(r.owner, name): t.to("cpu", copy=True) for r in self.registries
                                 for name, t in r.items() if not t.is_floating_point()}
-                    graph = capture(self.backend, self.pool, body, piecewise=runtime == PIECEWISE,
-                                    weak_outputs=self.weak_outputs)
+                    graph = self._capture(captured_for, num_reqs, body)
             finally:
                 restore()
             manifest = build_manifest(graph.read_storages, self.registries, meta, getattr(fn, "__self__", None))
-            self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta), meta, contents)
+            self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta), captured_for,
+                                          meta, contents)
             count += 1
         return count
+
+
+    def _capture(self, captured_for: CapturedFor, num_reqs: int, body) -> CapturedGraph:
+        """One capture; an op the backend refuses while capturing becomes a CaptureError at the engine's line."""
+        try:
+            return capture(self.backend, self.pool, body, piecewise=captured_for.runtime_mode == PIECEWISE,
+                           weak_outputs=self.weak_outputs)
+        except Exception as exc:
+            if not self.backend.refused_while_capturing(exc):
+                raise
+            raise CaptureError(captured_for, num_reqs, engine_source(exc.__traceback__), _first_line(exc)) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else exc.__class__.__name__
 
 
 def python_fields(meta) -> dict:

@@ -141,9 +141,9 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
     refuse_vacuous(runs.runs, comparisons)
     check_padding(pair, scenario, device, request, runs, comparisons)
     pairings = engine_pairings(runs, comparisons, scenario, baseline, baseline_path)
-    refused = capacity_checks(runs.runs)
+    refused = run_checks(runs.runs)
     tol = scenario.tolerances
-    # Every graph mode refused before capture leaves nothing to pair: the refusals alone are the verdict.
+    # Every graph mode refused before it ran leaves nothing to pair: the refusals alone are the verdict.
     result = evaluate_gate(pairings, tol, seed=scenario.seed) if pairings or not refused else \
         GateResult([], tol.alpha, tol.acceptance_min_effect, "holm", 0)
     result.checks += refused
@@ -175,8 +175,8 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
 def refuse_vacuous(runs: dict, comparisons: dict) -> None:
     """Bad input when a mode made no drafts or a graph mode replayed no graph."""
     for mode, cmp in comparisons.items():
-        if runs[mode].short_buffers:
-            continue        # refused before capture: a failing check of its own (capacity_checks)
+        if runs[mode].result is None:
+            continue        # refused before it ran: a failing check of its own (run_checks)
         if cmp.acceptance.num_drafts == 0:
             raise ParityInputError(f"mode {mode} made no drafts (max_tokens too small?): nothing to compare")
         if mode != "eager":
@@ -192,20 +192,30 @@ def engine_pairings(runs, comparisons: dict, scenario, baseline: dict | None = N
     records = {m: from_acceptance(m, "engine", c.acceptance) for m, c in comparisons.items()}
     pairings = []
     for mode, cmp in comparisons.items():
-        if mode == "eager" or runs.runs[mode].short_buffers:
+        if mode == "eager" or runs.runs[mode].result is None:
             continue
         pairings.append(Pairing(records[mode], records["eager"], "eager", cmp.reference, cmp.padding))
     if baseline is not None:
         base = baseline_records(baseline, str(baseline_path))
-        pairings += [Pairing(records[m], base[m], "baseline") for m in comparisons if not runs.runs[m].short_buffers]
+        pairings += [Pairing(records[m], base[m], "baseline") for m in comparisons if runs.runs[m].result is not None]
     return pairings
 
 
-def capacity_checks(runs: dict) -> list[GateCheck]:
-    """One failing check per buffer of a mode the capacity audit refused (nothing of that mode ran)."""
-    return [GateCheck(mode, "capacity audit", f"{s['owner']}.{s['buffer']} capacity", "capacity", False, s["message"],
-                      method="exact", numbers={"capacity": s["capacity"], "needed": s["needed"]})
-            for mode, run in runs.items() for s in run.short_buffers or ()]
+def run_checks(runs: dict) -> list[GateCheck]:
+    """Failing checks of the runs themselves: one per buffer of a mode the capacity audit refused, one for a
+    capture that stopped at an op no graph can capture (nothing of those modes ran), one for a run stopped before
+    a batch replayed a graph captured for another key than its own."""
+    checks = [GateCheck(mode, "capacity audit", f"{s['owner']}.{s['buffer']} capacity", "capacity", False,
+                        s["message"], method="exact", numbers={"capacity": s["capacity"], "needed": s["needed"]})
+              for mode, run in runs.items() for s in run.short_buffers or ()]
+    checks += [GateCheck(mode, "capture", f"capture of the {e['graph']}", "capture", False,
+                         f"stopped at {e['source'] or 'an op of torch'}: {e['message']}", method="exact")
+               for mode, run in runs.items() for e in [run.capture_error] if e]
+    checks += [GateCheck(mode, "replay check", f"graph replayed for the {w['wanted']['graph']}", "graph", False,
+                         f"stopped at step {w['step']}: the lookup found the {w['replayed']['graph']}",
+                         method="exact")
+               for mode, run in runs.items() for w in [run.wrong_graph] if w]
+    return checks
 
 
 def noise_baselines(comparisons: dict) -> list[str]:

@@ -28,6 +28,8 @@ from parity.engine.records import RunResult
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.capacity import ShortBuffers
+from parity.graphs.capture_errors import CaptureError
+from parity.graphs.descriptor import WrongGraph
 from parity.graphs.factory import install_graphs, install_padded_reference, uninstall
 from parity.graphs.modes import EAGER, padding_signature
 from parity.graphs.policy import CapturePolicy
@@ -38,13 +40,18 @@ from parity.harness.scenario import Scenario
 @dataclass
 class ModeRun:
     mode: str
-    result: RunResult | None       # None: the capacity audit refused the mode (`short_buffers`); nothing ran
+    result: RunResult | None       # None: refused before it ran (`short_buffers`, `capture_error`) or stopped
+                                   # before a wrong graph replayed (`wrong_graph`)
     backend: str
     capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
     graph_replays: int | None = None              # graph replays really run (None: no graphs installed)
     memory: dict | None = None     # CUDA: baseline, peak and leftover bytes of this run (release.measured)
     timing: dict = field(default_factory=dict)    # capture and run seconds
     short_buffers: list[dict] | None = None       # the capacity audit's findings when it refused the mode
+    capture_error: dict | None = None  # an op a graph cannot capture stopped the capture (`graphs.capture_errors`)
+    # The run stopped where a batch was about to replay a graph captured for another owner, phase, runtime mode
+    # or descriptor than its own: both keys, what differs, and the step.
+    wrong_graph: dict | None = None
     padding_probe: dict | None = None  # a reference's check of the padding contract (`engine.padding_probe`)
 
 
@@ -168,17 +175,24 @@ def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: Engin
                     capture = install(engine)
                 except ShortBuffers as short:
                     # The mode's padded shapes do not fit the engine's buffers: a graph bug, found before capture.
-                    return None, {}, None, [s.as_dict() for s in short.shortfalls]
+                    return ModeRun(name, None, backend, short_buffers=[s.as_dict() for s in short.shortfalls])
+                except CaptureError as error:
+                    # A graph cannot capture an op the forward makes: a graph bug of this mode, found at capture.
+                    return ModeRun(name, None, backend, capture_error=error.as_dict())
             with watch("run_seconds"):
-                result = engine.run(specs, progress=progress)
+                try:
+                    result = engine.run(specs, progress=progress)
+                except WrongGraph as wrong:
+                    # Stopped before the graph of another key ran: a graph bug of this mode, found at replay.
+                    return ModeRun(name, None, backend, capture, wrong_graph={**wrong.as_dict(), "step": engine.step})
             replays = [o.executor.replays for o in engine.owners() if hasattr(o.executor, "replays")]
-            return result, capture, sum(replays) if replays else None, None
+            return ModeRun(name, result, backend, capture, sum(replays) if replays else None)
         finally:
             uninstall(engine)
 
-    (result, capture, replays, short), memory = measured(go, device, f"the {name} run of {scenario.name}",
-                                                         scenario)
-    return ModeRun(name, result, backend, capture, replays, memory, watch.seconds, short)
+    run, run.memory = measured(go, device, f"the {name} run of {scenario.name}", scenario)
+    run.timing = watch.seconds
+    return run
 
 
 def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: EngineParts = EngineParts(),

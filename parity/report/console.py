@@ -7,13 +7,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from parity.report.modes import SHORT
+from parity.report.modes import SHORT, refused
 from parity.report.threeway import (flips_cell, logprob_cell, numerics_lines, reference_cell, unpadded_lines,
                                     verdict_words)
 
 VERDICT_CELL = {"pass": "PASS", "drift": "DRIFT", "not_exercised": "IDLE"}
-# A mode the capacity audit refused before capture: no acceptance to show.
-NOT_RUN = Text("not run", style="bold red")
 
 
 def _delta_style(delta: float, drift: bool) -> str:
@@ -40,8 +38,8 @@ def acceptance_table(summary: dict) -> Table:
         for name in names:
             m = modes[name]
             rate = m["acceptance_per_position"][i]
-            if m.get("short_buffers"):
-                cells.append(NOT_RUN)
+            if refused(m):
+                cells.append(Text(refused(m), style="bold red"))
             elif name == "eager" or ref is None:
                 cells.append(Text(f"{rate:.3f}"))
             else:
@@ -53,8 +51,8 @@ def acceptance_table(summary: dict) -> Table:
     for name in names:
         m = modes[name]
         text = f"{m['mean_acceptance_length']:.3f}"
-        if m.get("short_buffers"):
-            row.append(NOT_RUN)
+        if refused(m):
+            row.append(Text(refused(m), style="bold red"))
         elif ref is not None and name != "eager":
             delta = m["mean_acceptance_length"] - ref["mean_acceptance_length"]
             row.append(Text(f"{text} {delta:+.2f}", style=_delta_style(delta, m["verdict"] == "drift")))
@@ -62,7 +60,7 @@ def acceptance_table(summary: dict) -> Table:
             row.append(Text(text))
     table.add_row("len", *row)
     table.add_row("ref=", *[Text(reference_cell(m), style=_reference_style(m)) for m in modes.values()])
-    table.add_row("tok=", *[Text("-", style="dim") if m.get("short_buffers") else
+    table.add_row("tok=", *[Text("-", style="dim") if refused(m) else
                             Text("yes", style="green") if m["tokens_equal_to_eager"] else Text("no", style="yellow")
                             for m in modes.values()])
     table.add_row("|Δlp|", *[Text(logprob_cell(m)) for m in modes.values()])

@@ -7,12 +7,19 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from parity.analysis.kinds import EXPLAIN, NONE, UNEXPLAINED
+from parity.analysis.kinds import CAPTURE_ERROR, DESCRIPTOR_MISMATCH, EXPLAIN, NONE, UNEXPLAINED, WRONG_GRAPH
+
+# What a diagnosis' `buffers` name, for the kinds whose names are not buffers.
+NAMED = {CAPTURE_ERROR: "source", WRONG_GRAPH: "differs in", DESCRIPTOR_MISMATCH: "differs in"}
 
 
 def describe_where(d: dict) -> str:
-    """'step S, phase (draft step J), owner' of a diagnosis ('before capture' for the capacity audit's)."""
-    where = f"step {d['step']}, {d['phase']}" if d.get("step") is not None else f"before capture, {d['phase']}"
+    """'step S, phase (draft step J), owner' of a diagnosis ('at capture' for a capture error's, 'before
+    capture' for the capacity audit's)."""
+    if d.get("step") is not None:
+        where = f"step {d['step']}, {d['phase']}"
+    else:
+        where = f"{'at' if d.get('kind') == CAPTURE_ERROR else 'before'} capture, {d['phase']}"
     if d.get("draft_step") is not None and d["phase"] != "verify":
         where += f" (draft step {d['draft_step']})"
     if d.get("owner"):
@@ -29,7 +36,7 @@ def diagnosis_panel(d: dict) -> Panel:
     grid.add_row("kind", Text(kind, style=f"bold {style}"))
     grid.add_row("meaning", EXPLAIN.get(kind, ""))
     if d.get("buffers"):
-        grid.add_row("buffers", ", ".join(d["buffers"]))
+        grid.add_row(NAMED.get(kind, "buffers"), ", ".join(d["buffers"]))
     if d.get("mode"):
         grid.add_row("mode", str(d["mode"]))
     if d.get("phase"):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from parity.report.atomic import write_text
 from parity.analysis.kinds import EXPLAIN, UNEXPLAINED
-from parity.report.diagnosis import describe_where
+from parity.report.diagnosis import NAMED, describe_where
+from parity.report.modes import refused
 from parity.report.threeway import flips_cell, logprob_cell, numerics_lines, reference_cell, unpadded_lines
 
 TITLE = {"pass": "PASS", "drift": "DRIFT", "not_exercised": "NOT EXERCISED"}
@@ -59,8 +60,8 @@ def acceptance_table(summary: dict) -> list[str]:
              "|---:|" + "---:|" * len(names)]
 
     def with_delta(name: str, value: float, ref_value: float | None, drift: bool, digits: int = 3) -> str:
-        if modes[name].get("short_buffers"):
-            return "**not run**"     # refused by the capacity audit before capture
+        if refused(modes[name]):
+            return f"**{refused(modes[name])}**"     # refused before it ran, or stopped before a wrong graph
         text = f"{value:.{digits}f}"
         if ref_value is not None and name != "eager":
             text += f" ({value - ref_value:+.{digits}f})"
@@ -125,7 +126,7 @@ def diagnosis_section(summary: dict) -> list[str]:
     if d.get("mode"):
         lines.append(f"- mode: {code_span(d['mode'])}")
     if d.get("buffers"):
-        lines.append("- buffers: " + ", ".join(code_span(b) for b in d["buffers"]))
+        lines.append(f"- {NAMED.get(kind, 'buffers')}: " + ", ".join(code_span(b) for b in d["buffers"]))
     if d.get("phase"):
         lines.append(f"- where: {describe_where(d)}")
     if d.get("captured_address") is not None and d.get("live_address") not in (None, d["captured_address"]):

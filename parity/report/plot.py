@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.report.atomic import atomic_file
-from parity.report.modes import COLORS
+from parity.report.modes import COLORS, refused
 
 
 def _figure(summary: dict):
@@ -25,7 +25,7 @@ def _figure(summary: dict):
     ax = fig.add_subplot(1, 1, 1)
     width = 0.8 / max(1, len(modes))
     for j, (name, m) in enumerate(modes.items()):
-        if m.get("short_buffers"):      # refused before capture: nothing to plot
+        if refused(m):      # refused before it ran: nothing to plot
             continue
         xs = [i - 0.4 + width * (j + 0.5) for i in range(k)]
         rates = m["acceptance_per_position"]
