@@ -127,8 +127,7 @@ class AuditSession:
         finally:
             # NOTE: the spy holds the block's frame (its locals: the strong outputs) and the callable's result;
             # kept, they wait for the cyclic GC and the engine's pool hands out other memory than unaudited.
-            block.spy.frame = block.spy.result = None
-            block.spy.calls.clear()
+            block.spy.release()
 
     def _audit_block(self, graph, block: _Block) -> None:
         call = block.spy.callable()

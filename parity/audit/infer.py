@@ -26,8 +26,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-# Frames of these files belong to capture machinery (the audit's, torch's), not to the user's block.
-_MACHINERY = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+# Frames of these files belong to capture machinery (the audit's, the emulated graphs' op checks, torch's),
+# not to the user's block.
+_MACHINERY = (os.path.dirname(__file__) + os.sep, os.path.join(os.path.dirname(os.path.dirname(__file__)), "graphs")
+              + os.sep, os.path.dirname(torch.__file__) + os.sep)
 # Ops that launch no kernel: allocation and aliasing (views are told by their schema).
 _NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::set_", "aten::detach", "aten::alias", "aten::lift_fresh",
               "aten::_local_scalar_dense"}
@@ -140,6 +142,12 @@ class BlockSpy:
         """What the chosen call returned."""
         index = self.chosen()
         return None if index is None else self.results.get(index)
+
+    def release(self) -> None:
+        """Drop the block's frame, the calls' arguments and what they returned (strong references all)."""
+        self.frame = None
+        self.calls = [(code, {}) for code, _ in self.calls]
+        self.results.clear()
 
     def why(self) -> str:
         """What the block did, when it has no single callable."""
