@@ -22,7 +22,7 @@ OPS = {
     "contiguous": lambda x: x.t().contiguous() + 1,
     "reshape_copy": lambda x: x.t().reshape(-1) * 3,
     "flatten_view": lambda x: x.flatten() - 1,
-    "type_as": lambda x: x.type_as(torch.zeros(1, dtype=torch.float64)) / 7,
+    "type_as": lambda x: x.type_as(torch.zeros(1, dtype=torch.float64, device=x.device)) / 7,
 }
 
 

@@ -82,6 +82,12 @@ def test_clean_engine_zero_diagnoses_and_the_same_output_audited(mode, grad, dev
     assert same(audited, run(mode, device, grad))
 
 
+# Bugs whose graph goes on reading a storage the engine let go of: unaudited on CUDA it reads whatever the
+# caching allocator put there since (undefined), while the audit keeps the captured storage alive to name it.
+# The emulated pools are deterministic, so the CPU still checks these two computes the same.
+READS_FREED_MEMORY = {"rebound_seq_lens", "kv_realloc"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bug", sorted(EXPECTED))
 def test_planted_bug_is_named_and_the_engine_computes_the_same(bug, device):
@@ -90,7 +96,8 @@ def test_planted_bug_is_named_and_the_engine_computes_the_same(bug, device):
     found = {(e.kind, e.diagnosis["owner"].split("[")[0]) for e in session.errors}
     assert found == {(kind, graph)}, [e.diagnosis["evidence"] for e in session.errors]
     assert all(buffer in e.buffers for e in session.errors), [e.buffers for e in session.errors]
-    assert same(audited, run(mode, device, bugs={bug}))      # experiments ran; nothing of them remains
+    if not (device == "cuda" and bug in READS_FREED_MEMORY):
+        assert same(audited, run(mode, device, bugs={bug}))      # experiments ran; nothing of them remains
     if mode == CUDAGraphMode.FULL:       # attention reads live metadata eagerly between pieces: harmless there
         assert run(CUDAGraphMode.PIECEWISE, device, bugs={bug}, audited=True, on_mismatch="raise")[2].errors == []
 

@@ -26,6 +26,9 @@ from parity.audit.padding import padding_check
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.trace import WriteLog
 
+# Diagnoses of a mismatch that name no role: the padding check may explain them.
+UNPLACED = ("UNEXPLAINED", "CAPTURE_CONTEXT")
+
 
 def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
     """`fn` run eagerly; its outputs and writes, already undone (also when fn raises)."""
@@ -93,12 +96,19 @@ def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: floa
     elif (cheap := cheap_reassigned(audit, found)) is not None:
         diagnoses.append(cheap)
     num_valid, padded = audit.num_valid_now(), audit.padded_rows
-    # NOTE: padding is judged on exact replays only: a broken graph leaks in ways of its own.
-    if mismatch is None and num_valid is not None and padded is not None:
+    # NOTE: padding is judged on exact replays, and on a mismatch no experiment tied to one role: a broken
+    # graph leaks in ways of its own, but padded rows writing where a live row writes race on CUDA (the
+    # replay and eager then differ by chance), and only the padding check can name that.
+    unplaced = [d for d in diagnoses if d["kind"] in UNPLACED and not d["buffers"]]
+    if (mismatch is None or unplaced) and num_valid is not None and padded is not None:
         leak = padding_check(lab, replayed, num_valid, padded, audit.padding)
         if leak is not None:
-            diagnoses.append(audit._diagnosis(
+            evidence = leak.evidence + ([f"the replay also differs from eager ({mismatch.describe()}) and no "
+                                         "one-variable experiment tied that to a role: padded rows that reach live "
+                                         "rows explain it (where they write the same place, the order is "
+                                         "undefined on CUDA)"] if unplaced else [])
+            diagnoses = [d for d in diagnoses if d not in unplaced] + [audit._diagnosis(
                 leak.kind, leak.buffers, rows=leak.rows, max_abs_diff=leak.max_abs_diff,
-                captured_address=leak.captured_address, evidence=leak.evidence, replays=lab.replays,
-                experiment=leak.description))
+                captured_address=leak.captured_address, evidence=evidence, replays=lab.replays,
+                experiment=leak.description)]
     return diagnoses
