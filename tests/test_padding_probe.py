@@ -3,10 +3,13 @@ exactly that (or nothing, for a forward that reads only live entries or does not
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from parity.engine.buffers import InputBuffers, register_attention_buffers
 from parity.engine.kv_cache import PagedKVCache
+from parity.engine.metadata import MetadataBuilder
 from parity.engine.owner import Forward, Owner
 from parity.engine.padding_probe import PaddingProbe
 from parity.graphs.descriptor import Dispatch
@@ -93,3 +96,28 @@ def test_a_forward_that_does_not_reproduce_itself_gets_no_name():
     probe = probe_of(lambda b, kv: live_only(b, kv) + torch.rand(4))
     [leak] = probe.leaks
     assert leak.buffers == [] and any("does not reproduce" in line for line in leak.evidence), leak
+
+
+def test_a_registered_pad_value_the_step_advance_turns_into_the_breach_is_named_with_it():
+    """seq_lens registered with pad value 1: a draft step's advance makes the padded row live and moves its slot
+    into real KV. The forward's breach is slot_mapping; the probe names seq_lens with it, by the advance."""
+    def body(b, kv):
+        rows = b["slot_mapping"][:2].remainder(kv.keys[0].shape[0])
+        kv.keys[0].index_copy_(0, rows, b["input_ids"][:2].float().view(2, 1, 1).expand(2, 1, 2).contiguous())
+        return b["input_ids"][:2].float() * torch.tensor([1.0, 0.0]) + kv.keys[0][1, 0, 0]
+
+    owner = Toy(lambda t, r, meta: (body(owner.buffers, owner.kv_cache),))
+    b = owner.buffers
+    b._specs["seq_lens"] = dataclasses.replace(b.spec("seq_lens"), pad=1)       # the wrong registered pad value
+    owner.builder = MetadataBuilder(b, owner.kv_cache, BLOCK, 32)
+    owner.forwards = lambda: (Forward("draft_step", owner.body, 8, 1, ("logits",)),)
+    b["input_ids"][:2], b["positions"][:2] = torch.tensor([5, 0]), torch.tensor([3, 0])
+    b["query_start_loc"][:3], b["seq_lens"][:2] = torch.tensor([0, 1, 1]), torch.tensor([4, 1])
+    b["slot_mapping"][:2] = torch.tensor([3, 1])   # the last advance moved the padded row's slot into live KV
+    dispatch = Dispatch("draft_step", "full", 1, 1, 2, 2, None)
+    meta = owner.builder.make_view(2, 2, 1, 1, 1, 4)
+    probe = PaddingProbe(lambda: [3, 4], BLOCK)
+    probe.execute(owner, dispatch, owner.forward("draft_step").fn, meta)
+    [leak] = probe.leaks
+    assert (leak.buffers, leak.kinds) == (["seq_lens", "slot_mapping"], ["contract"]), leak
+    assert any("registered pad value of seq_lens makes padded rows live" in line for line in leak.evidence)

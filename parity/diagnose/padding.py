@@ -25,14 +25,13 @@ named with the breach.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
-from parity.diagnose.state import METADATA_FIELDS, forward_fn, max_diff, outputs, restore
+from parity.diagnose.state import forward_fn, max_diff, outputs, restore
 from parity.engine.buffers import FREE, poison_padding
+from parity.engine.padding_regions import advance_origin
 
 
 def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, int]]:
@@ -156,41 +155,8 @@ def diagnose(bisector, clean, poisoned, ev_c, ev_p, snaps, out_c, **where):
 
 
 def unstable_pad_rows(owner, event) -> tuple[list[str], list[str]]:
-    """Does the builder's step advance keep padded rows at their registered pad values?
-
-    On a copy of the failing forward's metadata with every INERT padded entry
-    at its pad value, run the owner's `advance_draft_step`. Entries that leave
-    their pad value show the contract is not a fixed point; then each INERT
-    field alone is set to 0 (an empty row) before the advance, and a field that
-    keeps every other entry at its pad is named: its registered pad value is
-    what makes padded rows live.
-    """
-    advance = getattr(owner.builder, "advance_draft_step", None)
-    dispatch = event.dispatch
-    inert = {n: owner.buffers.spec(n) for n in owner.buffers.names()
-             if owner.buffers.spec(n).inert and isinstance(getattr(event.meta, n, None), torch.Tensor)}
-    if advance is None or not inert:
-        return [], []
-
-    def advanced(empty: str | None) -> list[str]:
-        copy = dataclasses.replace(event.meta, **{n: getattr(event.meta, n).clone() for n in METADATA_FIELDS})
-        for name, spec in inert.items():
-            getattr(copy, name)[spec.padded(dispatch)] = 0 if name == empty else spec.inert_value(dispatch.num_tokens)
-        advance(copy, dispatch.num_reqs_padded)
-        return [n for n, spec in inert.items() if n != empty and
-                bool((getattr(copy, n)[spec.padded(dispatch)] != spec.inert_value(dispatch.num_tokens)).any())]
-
-    moved = advanced(None)
-    if not moved:
-        return [], ["the builder's step advance keeps padded rows at their registered pad values"]
-    evidence = [f"advancing padded rows held at their registered pad values one draft step (the owner's builder, "
-                f"on a copy) moves {', '.join(moved)} off the pad value"]
-    fixes = [n for n, spec in inert.items() if spec.inert_value(dispatch.num_tokens) != 0 and not advanced(n)]
-    for name in fixes:
-        evidence.append(f"with {name} 0 (an empty row) instead of its registered pad value "
-                        f"{inert[name].inert_value(dispatch.num_tokens)} every padded entry stays inert: "
-                        f"the registered pad value of {name} makes padded rows live")
-    return fixes, evidence
+    """Does the builder's step advance keep padded rows at their registered pad values? (`advance_origin`)"""
+    return advance_origin(owner, event.dispatch, event.meta)
 
 
 def _run_repaired(bisector, engine, event, snap, subset) -> tuple:

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import torch
 
 from parity.engine.buffers import fill_like_live
-from parity.engine.padding_regions import (PreState, Region, bits, differing, inert_regions, live_outputs,
-                                           move_inert, off_contract, regions, restore_contract)
+from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing, inert_regions,
+                                           live_outputs, move_inert, off_contract, regions, restore_contract)
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
 # poisoned value must stay 0).
@@ -137,15 +137,15 @@ class PaddingProbe:
             if differing(out_a, again):
                 leak.evidence.append(f"the forward does not reproduce its own live outputs under the same poison "
                                      f"({', '.join(differing(out_a, again)[:4])})")
-                self._repair_race(leak, owner, dispatch, run, every, pre)
+                self._repair_race(leak, owner, dispatch, meta, run, every, pre)
                 _, result = run([])
                 return result
-            self._localise(leak, owner, dispatch, run, out_a, every, pre)
+            self._localise(leak, owner, dispatch, meta, run, out_a, every, pre)
             # The forward whose state the run goes on from is poison A's, as for every other forward.
             _, result = run([])
         return result
 
-    def _repair_race(self, leak: Leak, owner, dispatch, run, every, pre: PreState) -> None:
+    def _repair_race(self, leak: Leak, owner, dispatch, meta, run, every, pre: PreState) -> None:
         """A forward that does not reproduce itself (padded tokens racing live ones for a KV slot, on CUDA):
         the contract breach whose repair makes it reproduce and the two poisons agree is named; else nothing."""
         pre.restore()
@@ -153,21 +153,23 @@ class PaddingProbe:
         for names in [[name] for name in sorted(off)] + ([sorted(off)] if len(off) > 1 else []):
             fixed_a, _ = run([], repair=names)
             if not differing(fixed_a, run([], repair=names)[0]) and not differing(fixed_a, run(every, repair=names)[0]):
-                self._name_breach(leak, names, off)
+                self._name_breach(leak, names, off, owner, dispatch, meta)
                 leak.kinds.append("race")
                 leak.evidence.append(f"with {', '.join(names)} padded entries at their pad values the forward "
                                      f"reproduces itself: padded tokens raced live ones")
                 return
         leak.evidence.append("no contract repair makes it reproduce: no region can be isolated")
 
-    def _name_breach(self, leak: Leak, names: list[str], off: dict) -> None:
-        leak.buffers, leak.kinds = names, ["contract"]
+    def _name_breach(self, leak: Leak, names: list[str], off: dict, owner, dispatch, meta) -> None:
+        """Name the breached buffers, and a registered pad value that the step advance turns into the breach."""
+        origin, why = advance_origin(owner, dispatch, meta) if dispatch.phase == "draft_step" else ([], [])
+        leak.buffers, leak.kinds = sorted(set(origin) | set(names)), ["contract"]
         leak.regions = [f"{name} padded entries off the pad value {off[name][0]} ({off[name][1]} of them)"
                         for name in names]
         leak.experiment = (f"the padded forward re-run under both poisons with {', '.join(names)}'s padded entries "
                            f"set to their pad values")
-        leak.evidence.append(f"with {', '.join(names)} padded entries set to their pad values, the two poisons give "
-                             f"the same live outputs: the builder breaks the padding contract")
+        leak.evidence += [f"with {', '.join(names)} padded entries set to their pad values, the two poisons give the "
+                          f"same live outputs: the builder breaks the padding contract"] + why
 
     def _leak(self, owner, dispatch, meta, index: int, outputs: list[str]) -> Leak:
         draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
@@ -176,7 +178,7 @@ class PaddingProbe:
         self.leaks.append(leak)
         return leak
 
-    def _localise(self, leak: Leak, owner, dispatch, run, out_a, every, pre: PreState) -> None:
+    def _localise(self, leak: Leak, owner, dispatch, meta, run, out_a, every, pre: PreState) -> None:
         pre.restore()
         off = off_contract(owner.buffers, dispatch)
         if off:
@@ -185,7 +187,7 @@ class PaddingProbe:
                 fixed_a, _ = run([], repair=names)
                 fixed_b, _ = run(every, repair=names)
                 if not differing(fixed_a, fixed_b):
-                    self._name_breach(leak, names, off)
+                    self._name_breach(leak, names, off, owner, dispatch, meta)
                     return
             leak.evidence.append(f"{', '.join(sorted(off))} padded entries are off their pad values, but restoring "
                                  f"them does not make the two poisons agree")

@@ -3,6 +3,7 @@ restores, the contract's pad values, and a forward's live outputs compared bit f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -137,3 +138,41 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def differing(a: dict, b: dict) -> list[str]:
     return [name for name in a if a[name].shape != b[name].shape or not torch.equal(bits(a[name]), bits(b[name]))]
+
+
+def advance_origin(owner, dispatch, meta) -> tuple[list[str], list[str]]:
+    """Does the builder's step advance keep padded rows at their registered pad values?
+
+    On a copy of the forward's metadata with every INERT padded entry at its
+    pad value, run the owner's `advance_draft_step`. Entries that leave their
+    pad value show the contract is not a fixed point; then each INERT field
+    alone is set to 0 (an empty row) before the advance, and a field that keeps
+    every other entry at its pad is named: its registered pad value is what
+    makes padded rows live. Returns (the fields named, the evidence).
+    """
+    advance = getattr(owner.builder, "advance_draft_step", None)
+    inert = {n: owner.buffers.spec(n) for n in owner.buffers.names()
+             if owner.buffers.spec(n).inert and isinstance(getattr(meta, n, None), torch.Tensor)}
+    if advance is None or not inert:
+        return [], []
+
+    def advanced(empty: str | None) -> list[str]:
+        copy = dataclasses.replace(meta, **{f.name: getattr(meta, f.name).clone() for f in dataclasses.fields(meta)
+                                            if isinstance(getattr(meta, f.name), torch.Tensor)})
+        for name, spec in inert.items():
+            getattr(copy, name)[spec.padded(dispatch)] = 0 if name == empty else spec.inert_value(dispatch.num_tokens)
+        advance(copy, dispatch.num_reqs_padded)
+        return [n for n, spec in inert.items() if n != empty and
+                bool((getattr(copy, n)[spec.padded(dispatch)] != spec.inert_value(dispatch.num_tokens)).any())]
+
+    moved = advanced(None)
+    if not moved:
+        return [], ["the builder's step advance keeps padded rows at their registered pad values"]
+    evidence = [f"advancing padded rows held at their registered pad values one draft step (the owner's builder, "
+                f"on a copy) moves {', '.join(moved)} off the pad value"]
+    fixes = [n for n, spec in inert.items() if spec.inert_value(dispatch.num_tokens) != 0 and not advanced(n)]
+    for name in fixes:
+        evidence.append(f"with {name} 0 (an empty row) instead of its registered pad value "
+                        f"{inert[name].inert_value(dispatch.num_tokens)} every padded entry stays inert: "
+                        f"the registered pad value of {name} makes padded rows live")
+    return fixes, evidence
