@@ -12,10 +12,10 @@ are the folders under parity/; the rules say which rooms each may import:
     diagnose   -> diagnose, engine, graphs, analysis
     harness    -> harness, engine, graphs, models, analysis, diagnose, importers
     faults     -> faults, engine, graphs, analysis
-    training   -> training, models, engine
+    builders   -> builders, models, engine  (the embedded pairs' training, `parity models synth`)
     audit      -> audit, graphs             (the public API for other engines' graphs)
     commands   -> anything
-and only commands import faults or training. `errors`, `files` (the one reader
+and only commands import faults or builders (the product never reaches what writes model files). `errors`, `files` (the one reader
 of user files) and the package itself (`parity.__version__`) are open to all.
 """
 
@@ -45,7 +45,7 @@ ALLOWED = {
     "diagnose": {"diagnose", "engine", "graphs", "analysis"},
     "harness": {"harness", "engine", "graphs", "models", "analysis", "diagnose", "importers"},
     "faults": {"faults", "engine", "graphs", "analysis"},
-    "training": {"training", "models", "engine"},
+    "builders": {"builders", "models", "engine"},
     "audit": {"audit", "graphs"},
 }
 # Rooms that must read like the engine a user runs: no fault names, no `faults` anything.
@@ -107,10 +107,19 @@ def test_layers_import_only_what_they_may(graph):
     assert not broken, "layer violations:\n" + "\n".join(sorted(broken))
 
 
-def test_only_commands_import_faults_or_training(graph):
+def test_only_commands_import_faults_or_builders(graph):
     broken = [f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
-              if room(dep) in ("faults", "training") and room(name) not in ("commands", room(dep))]
+              if room(dep) in ("faults", "builders") and room(name) not in ("commands", room(dep))]
     assert not broken, "\n".join(sorted(broken))
+
+
+def test_the_builders_live_in_their_wing_only():
+    """What writes model files (training, synthesis, savers) stays out of the rooms the product is made of."""
+    stray = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+             if room(".".join(p.relative_to(ROOT).with_suffix("").parts)) != "builders"
+             and re.match(r"(synth|saver|shards)", p.name)]
+    assert not stray, f"builders outside parity/builders/: {stray}"
+    assert not (PACKAGE / "training").exists()
 
 
 def test_no_import_cycle(graph):

@@ -99,8 +99,8 @@ def test_clean_engine_has_no_false_alarm_under_padding_numerics():
 
 def test_no_false_alarm_on_the_synthetic_tiny_shape(tmp_path):
     """The false-alarm bench on a synthetic pair (what `parity bench --alarm-shape tiny` builds)."""
-    from parity.models.synth import synthesize
-    from parity.models.synth_spec import TARGET_FOLDER, SynthRequest
+    from parity.builders.synth.build import synthesize
+    from parity.builders.synth.spec import TARGET_FOLDER, SynthRequest
 
     synthesize(SynthRequest("tiny", "eagle1", 0.8, "bfloat16", str(tmp_path / "pair"), 0, "cpu"), progress=print)
     result = clean_alarms(paths=[shipped_scenarios()[0]], seeds=1, requests=2, max_tokens=8,

@@ -23,7 +23,7 @@ from parity.harness.plan import GIB, make_plan
 from parity.harness.scenario import load_scenario
 from parity.models.loader import load_tokenizer
 from parity.models.zoo import ASSETS
-from parity.training import long_prompts
+from parity.builders.training import long_prompts
 from test_memory_plan import EAGLE1_8B, LLAMA3_8B
 
 ROOT = Path(__file__).resolve().parent.parent
