@@ -14,8 +14,9 @@ are the folders under parity/; the rules say which rooms each may import:
     faults     -> faults, engine, graphs, analysis
     builders   -> builders, models, engine  (the embedded pairs' training, `parity models synth`)
     audit      -> audit, graphs             (the public API for other engines' graphs)
+    scripts    -> scripts and the product   (release and profiling, `python -m parity.scripts.X`)
     commands   -> anything
-and only commands import faults or builders (the product never reaches what writes model files). `errors`, `files` (the one reader
+nothing imports scripts, and only commands import faults or builders (the product never reaches what writes model files). `errors`, `files` (the one reader
 of user files) and the package itself (`parity.__version__`) are open to all.
 """
 
@@ -47,6 +48,8 @@ ALLOWED = {
     "faults": {"faults", "engine", "graphs", "analysis"},
     "builders": {"builders", "models", "engine"},
     "audit": {"audit", "graphs"},
+    "scripts": {"scripts", "models", "graphs", "engine", "analysis", "report", "importers", "diagnose", "harness",
+                "audit"},
 }
 # Rooms that must read like the engine a user runs: no fault names, no `faults` anything.
 CLEAN_ROOMS = ("engine", "graphs", "models", "harness", "diagnose", "analysis")
@@ -110,6 +113,12 @@ def test_layers_import_only_what_they_may(graph):
 def test_only_commands_import_faults_or_builders(graph):
     broken = [f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
               if room(dep) in ("faults", "builders") and room(name) not in ("commands", room(dep))]
+    assert not broken, "\n".join(sorted(broken))
+
+
+def test_nothing_imports_the_scripts(graph):
+    broken = [f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
+              if room(dep) == "scripts" and room(name) != "scripts"]
     assert not broken, "\n".join(sorted(broken))
 
 
