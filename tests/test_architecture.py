@@ -211,15 +211,32 @@ def test_files_and_functions_stay_small():
     assert len((PACKAGE / "cli.py").read_text().splitlines()) < 120
 
 
+def test_engine_settings_have_one_home():
+    """A scenario is built on the engine's settings: their names, defaults and rules live in engine/config.py."""
+    from dataclasses import fields
+
+    from parity.engine.config import EngineConfig, EngineSettings
+    from parity.harness.scenario import Scenario
+
+    own = {f.name: f.default for f in fields(EngineSettings)}
+    assert issubclass(Scenario, EngineSettings) and issubclass(EngineConfig, EngineSettings)
+    for cls in (Scenario, EngineConfig):
+        assert {f.name: f.default for f in fields(cls) if f.name in own} == own
+        assert cls.__post_init__ is EngineSettings.__post_init__, f"{cls.__name__} checks settings its own way"
+        assert not set(own) & set(vars(cls).get("__annotations__", {})), f"{cls.__name__} declares a setting again"
+
+
 def test_facts_named_again_across_a_layer_boundary_agree():
     """Where a layer may not import the room that owns a fact, it names it again: the two must agree."""
-    from parity.analysis import compare, kinds
+    from parity.analysis import baseline, compare, kinds
     from parity.audit import diagnosis as audit_diagnosis
+    from parity.engine import config
     from parity.graphs import modes
     from parity.report.modes import LOOK
 
     assert tuple(LOOK) == modes.MODES                       # renderers show every mode, in order
     assert compare.EAGER == modes.EAGER
+    assert baseline.MAX_K == config.MAX_K                   # a baseline file's K is one the engine takes
     # The audit (importable without the harness) spells the shared bug classes as the harness does;
     # NOT_REFRESHED is its own (an input never written since capture).
     assert set(audit_diagnosis.KINDS) - {"NOT_REFRESHED"} <= set(kinds.EXPLAIN)
