@@ -23,7 +23,10 @@ of user files) and the package itself (`parity.__version__`) are open to all.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -182,6 +185,37 @@ def test_mutations_cover_exactly_the_catalog_through_the_seam():
         for field in ("target_runner", "target_builder", "proposer", "drafter_builder"):
             changed, clean = getattr(parts, field), getattr(clean_parts, field)
             assert changed is clean or issubclass(changed, clean), f"{name}: {field} is not a subclass"
+
+
+# The captured bodies' parameters are the executors' calling convention (`Forward.fn(num_tokens_padded,
+# num_reqs_padded, meta)`), the same for every forward whichever of them it reads.
+FORWARD_BODIES = {"verify", "prefill_forward", "step_forward"}
+SEAM_MODULES = ("parity.faults.", "parity.harness.simulated_numerics")
+
+
+def _unread_parameters(fn) -> list[str]:
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs][1:]   # not self
+    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return [p for p in params if p not in read]
+
+
+def test_no_production_step_takes_a_parameter_only_the_seam_reads():
+    """Every step a fault or the numerics seam overrides reads each parameter the engine passes it: what
+    only a mutation needs, the mutation picks up behind the seam (faults/peek.py), not the engine's signature."""
+    from parity.harness.simulated_numerics import simulate_padding_numerics
+
+    variants = [apply([name]) for name in FAULTS] + [(simulate_padding_numerics(EngineParts(), 0.1), CapturePolicy())]
+    classes = {cls for parts, policy in variants
+               for cls in [getattr(parts, f.name) for f in dataclasses.fields(parts)] + [policy.executor]}
+    unread = set()
+    for cls in classes:
+        seam = [c for c in cls.__mro__ if c.__module__.startswith(SEAM_MODULES)]
+        for name in {n for c in seam for n, v in vars(c).items() if inspect.isfunction(v)} - FORWARD_BODIES:
+            owner = next((c for c in cls.__mro__ if name in vars(c) and c not in seam), None)
+            if owner is not None and owner.__module__.startswith("parity."):
+                unread |= {f"{owner.__name__}.{name}: {p}" for p in _unread_parameters(vars(owner)[name])}
+    assert not unread, "production steps taking what only the seam reads:\n" + "\n".join(sorted(unread))
 
 
 def test_no_owner_chains_outside_the_engine():
