@@ -12,17 +12,21 @@ are the folders under parity/; the rules say which rooms each may import:
     diagnose   -> diagnose, engine, graphs, analysis
     harness    -> harness, engine, graphs, models, analysis, diagnose, importers
     faults     -> faults, engine, graphs, analysis
-    training   -> training, models, engine
+    builders   -> builders, models, engine  (the embedded pairs' training, `parity models synth`)
     audit      -> audit, graphs             (the public API for other engines' graphs)
+    scripts    -> scripts and the product   (release and profiling, `python -m parity.scripts.X`)
     commands   -> anything
-and only commands import faults or training. `errors`, `files` (the one reader
+nothing imports scripts, and only commands import faults or builders (the product never reaches what writes model files). `errors`, `files` (the one reader
 of user files) and the package itself (`parity.__version__`) are open to all.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -45,8 +49,10 @@ ALLOWED = {
     "diagnose": {"diagnose", "engine", "graphs", "analysis"},
     "harness": {"harness", "engine", "graphs", "models", "analysis", "diagnose", "importers"},
     "faults": {"faults", "engine", "graphs", "analysis"},
-    "training": {"training", "models", "engine"},
+    "builders": {"builders", "models", "engine"},
     "audit": {"audit", "graphs"},
+    "scripts": {"scripts", "models", "graphs", "engine", "analysis", "report", "importers", "diagnose", "harness",
+                "audit"},
 }
 # Rooms that must read like the engine a user runs: no fault names, no `faults` anything.
 CLEAN_ROOMS = ("engine", "graphs", "models", "harness", "diagnose", "analysis")
@@ -107,10 +113,25 @@ def test_layers_import_only_what_they_may(graph):
     assert not broken, "layer violations:\n" + "\n".join(sorted(broken))
 
 
-def test_only_commands_import_faults_or_training(graph):
+def test_only_commands_import_faults_or_builders(graph):
     broken = [f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
-              if room(dep) in ("faults", "training") and room(name) not in ("commands", room(dep))]
+              if room(dep) in ("faults", "builders") and room(name) not in ("commands", room(dep))]
     assert not broken, "\n".join(sorted(broken))
+
+
+def test_nothing_imports_the_scripts(graph):
+    broken = [f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
+              if room(dep) == "scripts" and room(name) != "scripts"]
+    assert not broken, "\n".join(sorted(broken))
+
+
+def test_the_builders_live_in_their_wing_only():
+    """What writes model files (training, synthesis, savers) stays out of the rooms the product is made of."""
+    stray = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+             if room(".".join(p.relative_to(ROOT).with_suffix("").parts)) != "builders"
+             and re.match(r"(synth|saver|shards)", p.name)]
+    assert not stray, f"builders outside parity/builders/: {stray}"
+    assert not (PACKAGE / "training").exists()
 
 
 def test_no_import_cycle(graph):
@@ -166,6 +187,37 @@ def test_mutations_cover_exactly_the_catalog_through_the_seam():
             assert changed is clean or issubclass(changed, clean), f"{name}: {field} is not a subclass"
 
 
+# The captured bodies' parameters are the executors' calling convention (`Forward.fn(num_tokens_padded,
+# num_reqs_padded, meta)`), the same for every forward whichever of them it reads.
+FORWARD_BODIES = {"verify", "prefill_forward", "step_forward"}
+SEAM_MODULES = ("parity.faults.", "parity.harness.simulated_numerics")
+
+
+def _unread_parameters(fn) -> list[str]:
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs][1:]   # not self
+    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return [p for p in params if p not in read]
+
+
+def test_no_production_step_takes_a_parameter_only_the_seam_reads():
+    """Every step a fault or the numerics seam overrides reads each parameter the engine passes it: what
+    only a mutation needs, the mutation picks up behind the seam (faults/peek.py), not the engine's signature."""
+    from parity.harness.simulated_numerics import simulate_padding_numerics
+
+    variants = [apply([name]) for name in FAULTS] + [(simulate_padding_numerics(EngineParts(), 0.1), CapturePolicy())]
+    classes = {cls for parts, policy in variants
+               for cls in [getattr(parts, f.name) for f in dataclasses.fields(parts)] + [policy.executor]}
+    unread = set()
+    for cls in classes:
+        seam = [c for c in cls.__mro__ if c.__module__.startswith(SEAM_MODULES)]
+        for name in {n for c in seam for n, v in vars(c).items() if inspect.isfunction(v)} - FORWARD_BODIES:
+            owner = next((c for c in cls.__mro__ if name in vars(c) and c not in seam), None)
+            if owner is not None and owner.__module__.startswith("parity."):
+                unread |= {f"{owner.__name__}.{name}: {p}" for p in _unread_parameters(vars(owner)[name])}
+    assert not unread, "production steps taking what only the seam reads:\n" + "\n".join(sorted(unread))
+
+
 def test_no_owner_chains_outside_the_engine():
     chain = re.compile(r"engine\.(target|proposer)\.")
     for path in PACKAGE.rglob("*.py"):
@@ -193,15 +245,32 @@ def test_files_and_functions_stay_small():
     assert len((PACKAGE / "cli.py").read_text().splitlines()) < 120
 
 
+def test_engine_settings_have_one_home():
+    """A scenario is built on the engine's settings: their names, defaults and rules live in engine/config.py."""
+    from dataclasses import fields
+
+    from parity.engine.config import EngineConfig, EngineSettings
+    from parity.harness.scenario import Scenario
+
+    own = {f.name: f.default for f in fields(EngineSettings)}
+    assert issubclass(Scenario, EngineSettings) and issubclass(EngineConfig, EngineSettings)
+    for cls in (Scenario, EngineConfig):
+        assert {f.name: f.default for f in fields(cls) if f.name in own} == own
+        assert cls.__post_init__ is EngineSettings.__post_init__, f"{cls.__name__} checks settings its own way"
+        assert not set(own) & set(vars(cls).get("__annotations__", {})), f"{cls.__name__} declares a setting again"
+
+
 def test_facts_named_again_across_a_layer_boundary_agree():
     """Where a layer may not import the room that owns a fact, it names it again: the two must agree."""
-    from parity.analysis import compare, kinds
+    from parity.analysis import baseline, compare, kinds
     from parity.audit import diagnosis as audit_diagnosis
+    from parity.engine import config
     from parity.graphs import modes
     from parity.report.modes import LOOK
 
     assert tuple(LOOK) == modes.MODES                       # renderers show every mode, in order
     assert compare.EAGER == modes.EAGER
+    assert baseline.MAX_K == config.MAX_K                   # a baseline file's K is one the engine takes
     # The audit (importable without the harness) spells the shared bug classes as the harness does;
     # NOT_REFRESHED is its own (an input never written since capture).
     assert set(audit_diagnosis.KINDS) - {"NOT_REFRESHED"} <= set(kinds.EXPLAIN)

@@ -73,9 +73,9 @@ def test_build_info_acceptance_in_band():
 
 def test_greedy_estimate_reproduces_on_a_few_prompts(pair):
     # The committed pair drafts sensibly here too (not only in the build that wrote it).
-    from parity.training.build import estimate_prompts
-    from parity.training.tokenizer import build_tokenizer
-    from parity.training.train import estimate_acceptance
+    from parity.builders.training.build import estimate_prompts
+    from parity.builders.training.tokenizer import build_tokenizer
+    from parity.builders.training.train import estimate_acceptance
     target, head = pair
     torch.manual_seed(0)
     rates = estimate_acceptance(target, head, estimate_prompts(build_tokenizer())[:4], k=3, max_new_tokens=24)

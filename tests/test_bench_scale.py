@@ -17,7 +17,7 @@ from rich.console import Console
 import parity.harness.bench_scale as bench_scale
 from parity.harness.bench_scale import run_figures, scale_forwards, time_scale_run, weight_bytes
 from parity.harness.clean_alarms import clean_alarms, shipped_scenarios
-from parity.commands.gpu_scale import Steps, report
+from parity.scripts.gpu_scale import Steps, report
 from parity.harness.request import RunRequest
 from parity.models.pair import load_pair
 from parity.report.bench import alarms_line, forwards_table, run_table
@@ -76,7 +76,7 @@ def test_bench_scale_reads_a_saved_run(tmp_path, capsys, monkeypatch):
 
 
 def test_gpu_scale_without_cuda_says_so_in_one_line(tmp_path, capsys, monkeypatch):
-    from parity.commands import gpu_scale
+    from parity.scripts import gpu_scale
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
@@ -99,8 +99,8 @@ def test_clean_engine_has_no_false_alarm_under_padding_numerics():
 
 def test_no_false_alarm_on_the_synthetic_tiny_shape(tmp_path):
     """The false-alarm bench on a synthetic pair (what `parity bench --alarm-shape tiny` builds)."""
-    from parity.models.synth import synthesize
-    from parity.models.synth_spec import TARGET_FOLDER, SynthRequest
+    from parity.builders.synth.build import synthesize
+    from parity.builders.synth.spec import TARGET_FOLDER, SynthRequest
 
     synthesize(SynthRequest("tiny", "eagle1", 0.8, "bfloat16", str(tmp_path / "pair"), 0, "cpu"), progress=print)
     result = clean_alarms(paths=[shipped_scenarios()[0]], seeds=1, requests=2, max_tokens=8,
@@ -135,7 +135,7 @@ def test_bench_refuses_unknown_steps_and_faults_in_one_line(capsys, args, needle
 
 
 def test_kernel_profile_groups_by_name_most_time_first():
-    from parity.commands.kernel_profile import format_groups, group_kernels
+    from parity.scripts.kernel_profile import format_groups, group_kernels
 
     groups = group_kernels([("gemm", 5.0), ("copy", 1.0), ("gemm", 7.0), ("x" * 100, 2.0)], width=10)
     assert groups == [("gemm", 2, 12.0), ("x" * 10, 1, 2.0), ("copy", 1, 1.0)]
@@ -144,7 +144,7 @@ def test_kernel_profile_groups_by_name_most_time_first():
 
 
 def test_kernel_profile_without_cuda_says_so_in_one_line(capsys, monkeypatch):
-    from parity.commands import kernel_profile
+    from parity.scripts import kernel_profile
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert kernel_profile.main([]) == 2

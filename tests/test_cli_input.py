@@ -28,7 +28,13 @@ def run_cli(capsys, args) -> tuple[int, str]:
 
 BAD_SCENARIOS = {
     "typo in a key": ("prompts: PROMPTS\nnum_speculativ_tokens: 3\n", 2, "unknown key 'num_speculativ_tokens'"),
-    "K=0": ("prompts: PROMPTS\nnum_speculative_tokens: 0\n", 2, "num_speculative_tokens must be in 1..32"),
+    "K=0": ("prompts: PROMPTS\nnum_speculative_tokens: 0\n", 2, "num_speculative_tokens (K) must be an integer in 1..32"),
+    # The engine's own rules (engine/config.py), told at the line of the key they name.
+    "batch too small for K": ("prompts: PROMPTS\nmax_num_seqs: 8\nmax_num_batched_tokens: 16\n", 3,
+                              "max_num_batched_tokens 16 cannot hold 8 decoding requests"),
+    "context too short for K": ("prompts: PROMPTS\nnum_speculative_tokens: 7\nmax_model_len: 8\nblock_size: 4\n", 3,
+                                "max_model_len 8 is too small for K=7"),
+    "NaN temperature": ("prompts: PROMPTS\ntemperature: .nan\n", 2, "temperature must be >= 0"),
     "prompts file missing": ("prompts: nowhere.jsonl\n", 1, "not found"),
     "capture size 0": ("prompts: PROMPTS\ncapture_sizes: [0, 2, 4]\n", 2, "capture_sizes must be positive"),
     "unsorted capture sizes": ("prompts: PROMPTS\ncapture_sizes: [4, 2]\n", 2, "strictly increasing"),

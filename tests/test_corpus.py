@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from parity.training import corpus
-from parity.training.tokenizer import MAX_VOCAB, UNK, build_tokenizer
+from parity.builders.training import corpus
+from parity.builders.training.tokenizer import MAX_VOCAB, UNK, build_tokenizer
 
 
 def test_same_seed_same_corpus():

@@ -22,7 +22,7 @@ from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.factory import install_graphs
 from parity.models import loader
-from parity.training.train import attention_implementation
+from parity.builders.training.train import attention_implementation
 from parity.models.eagle1 import Eagle1Head
 from parity.models.eagle3 import Eagle3Head
 from parity.models.llama import build_target

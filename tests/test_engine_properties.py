@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import VOCAB, engine_config, make_specs
-from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
+from parity.engine.spec_decode import RequestSpec, RunEvents, SpecDecodeEngine
 from parity.graphs.descriptor import EagerExecutor
 
 MAX_MODEL_LEN = 128   # > longest prompt (64) + max_tokens (10) + 2K + 2: never binding
@@ -178,3 +178,16 @@ def test_draft_prefill_reads_verified_tokens_shifted_by_one(random_pair, scenari
     specs, cfg = scenario
     check_draft_prefill_inputs(random_pair, specs, cfg)
 
+
+
+def test_the_loop_returns_its_records(random_pair):
+    """`events()` returns the run's records when it ends; `RunEvents` keeps them for a plain `for`."""
+    specs = make_specs(3, seed=2, max_tokens=6, max_prompt=12, stagger=1)
+    events = RunEvents(SpecDecodeEngine(*random_pair, engine_config()).events(specs))
+    assert events.result is None
+    kinds = {e.kind for e in events}
+    assert kinds == {"pre", "post", "step_end"}
+    ran = SpecDecodeEngine(*random_pair, engine_config()).run(specs)
+    assert events.result is not None and events.result.outputs == ran.outputs
+    assert events.result.num_steps == ran.num_steps and events.result.drafts.equals(ran.drafts)
+    assert next(events, None) is None and events.result.outputs == ran.outputs   # ended twice: kept

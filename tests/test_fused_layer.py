@@ -17,7 +17,7 @@ from transformers import LlamaConfig
 
 from parity.models.fused_weights import fused
 from parity.models.llama import build_target
-from parity.training.train import attention_implementation
+from parity.builders.training.train import attention_implementation
 
 
 def _config(**extra) -> LlamaConfig:

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from parity.engine.config import EngineConfig
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs import emulated
 from parity.graphs.factory import install_graphs
 from parity.graphs.policy import CapturePolicy
 from parity.models.pair import load_pair
-from parity.harness.modes import engine_config
 from parity.harness.scenario import load_scenario
 
 pytestmark = pytest.mark.gpu
@@ -34,7 +34,7 @@ ROUND = 512
 def _capture(device: str, backend: str, mode: str) -> None:
     scenario = load_scenario(ROOT / "scenarios" / "s004-dedicated-pool.yaml")
     pair = load_pair("tiny-llama3-eagle", device=device)
-    engine = SpecDecodeEngine(pair.target, pair.head, engine_config(scenario), device)
+    engine = SpecDecodeEngine(pair.target, pair.head, EngineConfig.of(scenario), device)
     install_graphs(engine, mode, backend, policy=CapturePolicy(shared_drafter_pool=True))
 
 

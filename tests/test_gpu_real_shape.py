@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from parity.cli import main
-from parity.models.synth import synthesize
-from parity.models.synth_spec import TARGET_FOLDER, SynthRequest
+from parity.builders.synth.build import synthesize
+from parity.builders.synth.spec import TARGET_FOLDER, SynthRequest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("synth-1b")]
 ROOT = Path(__file__).resolve().parent.parent

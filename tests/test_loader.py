@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
 from parity.errors import ParityInputError
-from parity.models import loader, saver
+from parity.builders import saver
+from parity.models import loader
 from parity.models.eagle1 import Eagle1Head
 from parity.models.llama import build_target
 from parity.models.paged_attention import ATTN_IMPLEMENTATION
@@ -118,7 +119,7 @@ def test_head_tolerates_embeddings_and_input_layernorm(saved_pair):
 
 
 def test_tokenizer_round_trip(tmp_path):
-    from parity.training.tokenizer import build_tokenizer, save_tokenizer
+    from parity.builders.training.tokenizer import build_tokenizer, save_tokenizer
     save_tokenizer(build_tokenizer(), tmp_path)
     tok = loader.load_tokenizer(tmp_path)
     text = "Once upon a time, there was a kind baker named Tom who lived in Oakvale."

@@ -12,10 +12,10 @@ import pytest
 from rich.console import Console
 
 from parity.cli import main
-from parity.models import synth
+from parity.builders.synth import build as synth
 from parity.models.checksum import checkpoint_checksum
 from parity.models.pair import load_pair
-from parity.models.synth_spec import SHAPES, SynthRequest
+from parity.builders.synth.spec import SHAPES, SynthRequest
 from parity.report.console import render
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -14,16 +14,17 @@ from pathlib import Path
 
 import torch
 
+from parity.engine.config import EngineConfig
 from parity.engine.kv_cache import BlockAllocator
 from parity.engine.requests import Request, Scheduler
 from parity.engine.spec_decode import check_admissible
 from parity.graphs.modes import MODES
-from parity.harness.modes import engine_config, request_specs
+from parity.harness.modes import request_specs
 from parity.harness.plan import GIB, make_plan
 from parity.harness.scenario import load_scenario
 from parity.models.loader import load_tokenizer
 from parity.models.zoo import ASSETS
-from parity.training import long_prompts
+from parity.builders.training import long_prompts
 from test_memory_plan import EAGLE1_8B, LLAMA3_8B
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +34,7 @@ SCENARIO = ROOT / "scenarios" / "long-context-8k.yaml"
 def specs():
     scenario = load_scenario(SCENARIO)
     tokenizer = load_tokenizer(ASSETS / "tiny-llama3-eagle" / "target")
-    return scenario, tokenizer, request_specs(scenario, tokenizer, engine_config(scenario))
+    return scenario, tokenizer, request_specs(scenario, tokenizer, EngineConfig.of(scenario))
 
 
 def test_settings():
@@ -54,7 +55,7 @@ def test_prompts_are_4000_to_7000_known_tokens_and_regenerate_identically():
 
 def test_every_request_is_admissible_and_prefilled_in_chunks():
     scenario, _, found = specs()
-    cfg = engine_config(scenario)
+    cfg = EngineConfig.of(scenario)
     for spec in found:
         check_admissible(spec, cfg)
         assert len(spec.prompt) + scenario.max_tokens + 2 * cfg.num_speculative_tokens + 2 <= cfg.max_model_len

@@ -22,10 +22,10 @@ import torch
 
 import parity.models.pair as pair_module
 from parity.cli import main
+from parity.engine.config import EngineConfig
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs.factory import install_graphs
 from parity.graphs.modes import MODES
-from parity.harness.modes import engine_config
 from parity.harness.plan import GIB, make_plan
 from parity.harness.scenario import load_scenario
 from parity.models import loader, memory
@@ -63,7 +63,7 @@ def test_kv_cache_and_buffers_are_exactly_what_the_engine_allocates(tiny, tiny3,
     scenario = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
     pair = tiny if head == "eagle1" else tiny3
     plan = tiny_plan(scenario, ("eager",), pair).modes["eager"]
-    engine = SpecDecodeEngine(pair.target, pair.head, engine_config(scenario))
+    engine = SpecDecodeEngine(pair.target, pair.head, EngineConfig.of(scenario))
     kv = sum(t.nbytes for o in engine.owners() for t in o.kv_cache.tensors())
     buffers = sum(t.nbytes for o in engine.owners() for _, t in o.buffers.items())
     assert (plan.kv_cache, plan.buffers) == (kv, buffers)
@@ -81,7 +81,7 @@ def test_graph_count_is_what_capture_makes(tiny):
     scenario = dataclasses.replace(load_scenario(ROOT / "scenarios/default.yaml"), capture_sizes=(1, 4, 16, 64))
     plan = tiny_plan(scenario)
     for mode in MODES:
-        engine = SpecDecodeEngine(tiny.target, tiny.head, engine_config(scenario))
+        engine = SpecDecodeEngine(tiny.target, tiny.head, EngineConfig.of(scenario))
         summary = install_graphs(engine, mode, "emulated", scenario.capture_sizes)
         assert plan.modes[mode].graphs == sum(summary.get("graphs", {}).values()), mode
 
@@ -95,7 +95,7 @@ def test_capture_copies_the_state_once_and_the_plan_counts_that_copy(tiny, monke
     copies = []
     real = factory.snapshot_tensors
     monkeypatch.setattr(factory, "snapshot_tensors", lambda state: copies.append(len(state)) or real(state))
-    engine = SpecDecodeEngine(tiny.target, tiny.head, engine_config(scenario))
+    engine = SpecDecodeEngine(tiny.target, tiny.head, EngineConfig.of(scenario))
     state = [t for o in engine.owners() for t in o.state_tensors()]
     summary = install_graphs(engine, "full", "emulated", scenario.capture_sizes)
     assert sum(summary["graphs"].values()) > 1 and copies == [len(state)]

@@ -21,14 +21,15 @@ from parity.cli import main
 from parity.engine.config import EngineConfig
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
 from parity.errors import ParityInputError
-from parity.models import memory, synth
+from parity.builders.synth import build as synth
+from parity.models import memory
 from parity.models.eagle3 import Eagle3Head
 from parity.models.loader import load_target
 from parity.models.pair import load_pair
-from parity.models.shards import INDEX_FILE, write_safetensors
-from parity.models.synth_calibrate import TOLERANCE, bigram, search_scale
-from parity.models.synth_spec import SHAPES, SynthRequest, head_config, target_config
-from parity.models.synth_weights import frequent_ids
+from parity.builders.shards import INDEX_FILE, write_safetensors
+from parity.builders.synth.calibrate import TOLERANCE, bigram, search_scale
+from parity.builders.synth.spec import SHAPES, SynthRequest, head_config, target_config
+from parity.builders.synth.weights import frequent_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "scenarios" / "prompts" / "default.jsonl"

@@ -27,6 +27,7 @@ from parity.errors import ParityInputError
 
 SCHEMA_VERSION = 1
 KIND = "eagle-parity-baseline"
+MAX_K = 32      # the engine's (engine/config.py, which analysis may not import): test_architecture checks
 
 
 def file_sha256(path: str | Path) -> str:
@@ -82,8 +83,8 @@ def load_baseline(path: str | Path) -> dict:
         raise ParityInputError(f"{path}: baseline schema {repr(data.get('schema_version'))[:20]}, this version "
                                f"reads {SCHEMA_VERSION} (regenerate with --update-baseline)")
     k = data.get("k")
-    if not _count(k) or not 1 <= k <= 32:
-        raise ParityInputError(f"{path}: 'k' must be an integer in 1..32, got {str(k)[:20]}")
+    if not _count(k) or not 1 <= k <= MAX_K:
+        raise ParityInputError(f"{path}: 'k' must be an integer in 1..{MAX_K}, got {str(k)[:20]}")
     modes = data.get("modes")
     if not isinstance(modes, dict) or not modes:
         raise ParityInputError(f"{path}: baseline has no modes")

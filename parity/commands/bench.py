@@ -22,8 +22,8 @@ from parity.harness import bench, false_alarms
 from parity.harness.clean_alarms import clean_alarms
 from parity.harness.scenario import load_scenario
 from parity.models.pair import load_pair
-from parity.models.synth import synthesize
-from parity.models.synth_spec import SHAPES, TARGET_FOLDER, SynthRequest
+from parity.builders.synth.build import synthesize
+from parity.builders.synth.spec import SHAPES, TARGET_FOLDER, SynthRequest
 from parity.report.bench import alarms_line, audit_line
 
 STEPS = ("latency", "parity", "bisect", "audit", "alarms")

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from parity.commands.common import EXIT_PASS, Parser
 from parity.models.assets import write_manifest
-from parity.models.synth import synthesize
-from parity.models.synth_spec import TARGET_FOLDER, SynthRequest
+from parity.builders.synth.build import synthesize
+from parity.builders.synth.spec import TARGET_FOLDER, SynthRequest
 from parity.models.zoo import ASSETS, ZOO, availability
 
 
@@ -70,9 +70,9 @@ def build(args) -> int:
     # NOTE: imported here: training pulls in the corpus builder and optimiser code
     # that no other command needs.
     if args.pair == "tiny-llama3-eagle3":
-        from parity.training.build_eagle3 import build_tiny_eagle3_pair as build_pair
+        from parity.builders.training.build_eagle3 import build_tiny_eagle3_pair as build_pair
     else:
-        from parity.training.build import build_tiny_pair as build_pair
+        from parity.builders.training.build import build_tiny_pair as build_pair
     out = Path(args.out) if args.out else ASSETS / args.pair
     info = build_pair(out, progress=lambda line: print(line, flush=True))
     if args.out is None:

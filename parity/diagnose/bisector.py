@@ -12,6 +12,7 @@ from parity.diagnose import (capture_error, descriptor, experiments, lifetime, p
 from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
+from parity.engine.spec_decode import RunEvents
 from parity.graphs.capacity import ShortBuffers
 from parity.graphs.capture_errors import CaptureError
 from parity.graphs.descriptor import WrongGraph
@@ -88,9 +89,7 @@ class Bisector:
         snaps, pre = {}, None
         target_out = None   # (graph logits tensor, eager logits copy, verify event)
         overwritten_by = None
-        results: dict = {"ref": {}, "graph": {}}
-        ref_events, graph_events = ref.events(self.specs, holder=results["ref"]), graph.events(
-            self.specs, holder=results["graph"])
+        ref_events, graph_events = RunEvents(ref.events(self.specs)), RunEvents(graph.events(self.specs))
         for ev_r in ref_events:
             try:
                 ev_g = next(graph_events)
@@ -121,7 +120,7 @@ class Bisector:
             elif target_out is not None and overwritten_by is None and _logits_drift(*target_out) > self.tol:
                 overwritten_by = ev_g
         next(graph_events, None)    # the reference ended: let the graph run finish too
-        found = self.after_the_forwards(graph, results["ref"].get("result"), results["graph"].get("result"))
+        found = self.after_the_forwards(graph, ref_events.result, graph_events.result)
         if found is not None:
             return found
         return Diagnosis(NONE, [], self.mode, evidence=[f"every forward matched bit for bit ({self.matched})"],

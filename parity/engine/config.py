@@ -1,16 +1,32 @@
-"""Engine configuration: frozen, validated once, never written back into."""
+"""Engine configuration: frozen, validated once, never written back into.
+
+`EngineSettings` is the one home of what a scenario sets of the engine: each
+setting's name, default and rule. A scenario (`harness/scenario.py`) is built
+on it, so a scenario file's keys, their defaults and their checks are these;
+`EngineConfig` adds what only the caller decides (`spec_decode`) and the
+figures derived from the settings.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from parity.errors import ParityInputError
 
 MAX_K = 32
+MAX_SEED = (1 << 63) - 1     # seeds are folded into int64 arithmetic (engine/rng.py)
+
+
+class SettingError(ParityInputError):
+    """One engine setting breaks its rule; `key` names the setting (a scenario file points at its line)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineSettings:
     num_speculative_tokens: int = 3          # K
     max_num_seqs: int = 4
     max_num_batched_tokens: int = 256
@@ -22,26 +38,42 @@ class EngineConfig:
     # metadata that must be rebuilt every draft step (seed 001). 0 = off.
     sliding_window: int = 0
     sliding_window_layers: tuple[int, ...] = ()
-    spec_decode: bool = True
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
-        if not isinstance(k, int) or not 1 <= k <= MAX_K:
-            raise ParityInputError(f"num_speculative_tokens (K) must be an integer in 1..{MAX_K}, got {k!r}")
+        if not _integer(k) or not 1 <= k <= MAX_K:
+            raise SettingError("num_speculative_tokens",
+                               f"num_speculative_tokens (K) must be an integer in 1..{MAX_K}, got {k!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ParityInputError(f"{name} must be a positive integer, got {value!r}")
+            if not _integer(value) or value < 1:
+                raise SettingError(name, f"{name} must be a positive integer, got {value!r}")
+        if not _integer(self.seed) or not 0 <= self.seed <= MAX_SEED:
+            raise SettingError("seed", f"seed must be an integer in 0..2**63-1, got {self.seed!r}")
         if self.sliding_window < 0:
-            raise ParityInputError(f"sliding_window must be >= 0, got {self.sliding_window}")
-        if self.temperature < 0:
-            raise ParityInputError(f"temperature must be >= 0, got {self.temperature}")
-        if self.max_model_len < self.num_speculative_tokens + 3:
-            raise ParityInputError(f"max_model_len {self.max_model_len} is too small for K={k}")
+            raise SettingError("sliding_window", f"sliding_window must be >= 0, got {self.sliding_window}")
+        if not self.temperature >= 0:        # also refuses NaN
+            raise SettingError("temperature", f"temperature must be >= 0, got {self.temperature}")
+        if self.max_model_len < k + 3:
+            raise SettingError("max_model_len", f"max_model_len {self.max_model_len} is too small for K={k}")
         if self.max_num_batched_tokens < self.max_num_seqs * (1 + k):
-            raise ParityInputError(
-                f"max_num_batched_tokens {self.max_num_batched_tokens} cannot hold "
-                f"{self.max_num_seqs} decoding requests of 1+K={1 + k} tokens")
+            raise SettingError("max_num_batched_tokens",
+                               f"max_num_batched_tokens {self.max_num_batched_tokens} cannot hold "
+                               f"{self.max_num_seqs} decoding requests of 1+K={1 + k} tokens")
+
+    def settings(self) -> dict:
+        """Just the engine settings (of a scenario too), by name."""
+        return {f.name: getattr(self, f.name) for f in fields(EngineSettings)}
+
+
+@dataclass(frozen=True)
+class EngineConfig(EngineSettings):
+    spec_decode: bool = True
+
+    @classmethod
+    def of(cls, settings: EngineSettings, spec_decode: bool = True) -> EngineConfig:
+        """The config of `settings` (a scenario's, say) with `spec_decode`."""
+        return cls(**settings.settings(), spec_decode=spec_decode)
 
     @property
     def blocks_per_seq(self) -> int:
@@ -52,3 +84,7 @@ class EngineConfig:
         # NOTE: enough blocks that no request is ever preempted: the harness
         # compares schedules, and preemption would make them mode-dependent.
         return self.max_num_seqs * self.blocks_per_seq
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -124,7 +124,7 @@ class MetadataBuilder:
             self.write(name, host.values[name], pad_reqs, host.num_tokens)
         meta = self.make_view(num_tokens_padded, num_reqs_padded, host.num_reqs, host.num_tokens,
                               host.max_query_len, host.max_seq_len)
-        self.store_block_table(meta, host.block_table, rows)
+        self.store_block_table(host.block_table)
         return meta
 
     def host_batch(self, rows: list[RowPlan], num_reqs_padded: int, input_ids: list[int] | None) -> HostBatch:
@@ -158,7 +158,7 @@ class MetadataBuilder:
         host = torch.tensor(values + [inert] * pad, dtype=torch.int64)
         self.buffers[name][: len(host)].copy_(host, non_blocking=True)
 
-    def store_block_table(self, meta: AttentionMetadata, table: torch.Tensor, rows: list[RowPlan]) -> None:
+    def store_block_table(self, table: torch.Tensor) -> None:
         """The batch's block table into the buffer the view already points at."""
         self.buffers["block_table"][: table.shape[0]].copy_(table)
 

@@ -145,7 +145,7 @@ class EagleProposer(Owner):
         hidden = self.head(b["input_ids"][:t], positions, b["hidden_states"][:t], meta)
         rows = b["sample_indices"][:num_reqs_padded]
         row_hidden = hidden[rows]
-        self._emit(num_reqs_padded, row_hidden, positions[rows] + 2, meta)
+        self._emit(num_reqs_padded, row_hidden, positions[rows] + 2)
         return ()
 
     def step_forward(self, num_tokens_padded: int, num_reqs_padded: int, meta) -> tuple:
@@ -157,22 +157,21 @@ class EagleProposer(Owner):
         t, n = num_tokens_padded, num_reqs_padded
         positions = b["positions"][:t]
         hidden = self.head(b["input_ids"][:t], positions, b["hidden_states"][:t], meta)
-        self._emit(n, hidden[:n], positions[:n] + 2, meta)
+        self._emit(n, hidden[:n], positions[:n] + 2)
         return ()
 
-    def _emit(self, n: int, row_hidden: torch.Tensor, drafted_positions: torch.Tensor, meta) -> None:
+    def _emit(self, n: int, row_hidden: torch.Tensor, drafted_positions: torch.Tensor) -> None:
         """Sample one draft token per row and write the inputs of the next draft step."""
         b = self.buffers
         cfg = self.config
-        logits = self.draft_logits(row_hidden, meta)
+        logits = self.draft_logits(row_hidden)
         tokens = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
-                                        req_ids=b["req_ids"][:n], positions=self.sampling_positions(drafted_positions,
-                                                                                                    meta))
+                                        req_ids=b["req_ids"][:n], positions=self.sampling_positions(drafted_positions))
         probs = rejection.draft_distribution(logits, cfg.temperature)
         all_logprobs = torch.log_softmax(logits, dim=-1)
         logprobs = all_logprobs.gather(1, tokens.unsqueeze(1))
         top2 = all_logprobs.topk(2, dim=-1).values
-        column = self.draft_column(n, meta)                                # [n, 1]
+        column = self.draft_column(n)                                      # [n, 1]
         b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
         b["draft_logprobs"][:n].scatter_(1, column, logprobs)
         b["draft_gaps"][:n].scatter_(1, column, top2[:, :1] - top2[:, 1:])
@@ -181,15 +180,15 @@ class EagleProposer(Owner):
         b["input_ids"][:n].copy_(tokens)
         self.store_hidden(row_hidden, n)
 
-    def sampling_positions(self, drafted_positions: torch.Tensor, meta) -> torch.Tensor:
+    def sampling_positions(self, drafted_positions: torch.Tensor) -> torch.Tensor:
         """What keys the draft sampler's random numbers with the request: the drafted positions."""
         return drafted_positions
 
-    def draft_logits(self, row_hidden: torch.Tensor, meta) -> torch.Tensor:
+    def draft_logits(self, row_hidden: torch.Tensor) -> torch.Tensor:
         """The draft distribution's logits for the drafted rows: [n, vocab] fp32."""
         return self.head.logits(row_hidden)
 
-    def draft_column(self, n: int, meta) -> torch.Tensor:
+    def draft_column(self, n: int) -> torch.Tensor:
         """The output column of this draft step, from the `draft_step` buffer: [n, 1]."""
         return self.buffers["draft_step"].expand(n).unsqueeze(1)
 

@@ -7,8 +7,9 @@ runs one prefill over the verified tokens and K-1 decode steps, proposing the
 next K drafts. Every forward goes through an executor (eager or graphs).
 
 `events()` runs the loop as a generator that pauses around every forward, so a
-bisector can drive an eager and a graph engine in lockstep; `run()` just
-drains it.
+bisector can drive an eager and a graph engine in lockstep, and returns the
+run's records when it ends; `run()` just drains it. `RunEvents` walks such a
+generator with a plain `for` and keeps what it returned.
 """
 
 from __future__ import annotations
@@ -53,6 +54,25 @@ class ForwardEvent:
     num_rows: int = 0
 
 
+class RunEvents:
+    """A run's ForwardEvents one by one (`events()`); `result`: the RunResult it returned, once it ended."""
+
+    def __init__(self, events):
+        self._events = events
+        self.result: RunResult | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> ForwardEvent:
+        try:
+            return next(self._events)
+        except StopIteration as end:
+            if self.result is None:     # an ended generator ends again with None: keep what it returned
+                self.result = end.value
+            raise StopIteration from None
+
+
 def check_admissible(spec: RequestSpec, cfg: EngineConfig) -> None:
     """A request the scheduler could never finish is an input error, not a hang."""
     k = cfg.num_speculative_tokens if cfg.spec_decode else 0
@@ -95,14 +115,14 @@ class SpecDecodeEngine:
 
     def run(self, specs: list[RequestSpec], progress=None) -> RunResult:
         """Run every request to completion and return the records."""
-        holder: dict = {}
-        for _ in self.events(specs, progress, holder):
+        events = RunEvents(self.events(specs, progress))
+        for _ in events:
             pass
-        return holder["result"]
+        return events.result
 
     @torch.no_grad()
-    def events(self, specs: list[RequestSpec], progress=None, holder: dict | None = None):
-        """The loop as a generator of ForwardEvents; the RunResult lands in holder['result']."""
+    def events(self, specs: list[RequestSpec], progress=None):
+        """The loop as a generator of ForwardEvents that returns the run's RunResult."""
         cfg = self.config
         for s in specs:
             check_admissible(s, cfg)
@@ -124,11 +144,8 @@ class SpecDecodeEngine:
                     progress(step, finished)
             step += 1
         frames = records.frames()
-        result = RunResult(frames["drafts"], frames["tokens"], frames["forwards"],
-                           {r.req_id: r.output for r in requests}, step, allocator.num_free,
-                           allocator.num_blocks)
-        if holder is not None:
-            holder["result"] = result
+        return RunResult(frames["drafts"], frames["tokens"], frames["forwards"],
+                         {r.req_id: r.output for r in requests}, step, allocator.num_free, allocator.num_blocks)
 
     def _step(self, step: int, rows: list[ScheduledRow], records: Records):
         """Verify every row's query, emit tokens, propose the next drafts, record."""

@@ -41,8 +41,8 @@ class TargetRunner(Owner):
         b = self.buffers
         t = num_tokens_padded
         hidden, aux = self.model(b["input_ids"][:t], b["positions"][:t], meta)
-        return self.logits(hidden, meta), (aux if aux is not None else hidden)
+        return self.logits(hidden), (aux if aux is not None else hidden)
 
-    def logits(self, hidden: torch.Tensor, meta) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's logits for every token of the batch: [T, vocab] fp32."""
         return self.model.logits(hidden)

@@ -12,6 +12,7 @@ import torch
 
 from parity.engine.kv_cache import PAD_SLOT
 from parity.engine.metadata import AttentionMetadata
+from parity.faults.peek import SeesDraftMeta, SeesTargetMeta, kept
 
 
 class ReassignSeqLens:
@@ -50,14 +51,20 @@ class StaleSlotMapping:
 class StaleBlockTable:
     """A request's block-table row is copied only when first seen, not after it grows."""
 
-    def store_block_table(self, meta, table, rows):
+    def build(self, rows, *args, **kwargs):
+        with kept(self, "batch", {"rows": rows}):
+            meta = super().build(rows, *args, **kwargs)
+            # Eager code reads the right table from the metadata object; a FULL graph reads the buffer.
+            meta.block_table = self.batch["table"].to(self.buffers.device)
+        return meta
+
+    def store_block_table(self, table):
         written = self.__dict__.setdefault("_rows_written", {})
-        for i, row in enumerate(rows):
+        for i, row in enumerate(self.batch["rows"]):
             if written.get(row.req_id) != i:
                 self.buffers["block_table"][i].copy_(table[i])
                 written[row.req_id] = i
-        # Eager code reads the right table from the metadata object; a FULL graph reads the buffer.
-        meta.block_table = table.to(self.buffers.device)
+        self.batch["table"] = table
 
 
 # Host buffers a captured graph copies from (kept for as long as the process runs: a planted fault).
@@ -113,11 +120,11 @@ class PaddedRowsUnmasked:
         return 0, 0
 
 
-class FrozenDraftStep:
+class FrozenDraftStep(SeesDraftMeta):
     """The draft step index reaches the captured step as a Python int."""
 
-    def draft_column(self, n, meta):
-        return torch.full((n, 1), meta.draft_step, dtype=torch.int64, device=self.buffers.device)
+    def draft_column(self, n):
+        return torch.full((n, 1), self.forward_meta.draft_step, dtype=torch.int64, device=self.buffers.device)
 
 
 class HiddenStatesNotCopied:
@@ -163,14 +170,14 @@ class InputIdsRebound:
                                                device=self.buffers.device))
 
 
-class SamplerOffsetByHostStep:
+class SamplerOffsetByHostStep(SeesDraftMeta):
     """The draft sampler's random stream is offset by the host draft step (Megatron-LM #5697).
 
     A graph bakes the offset at capture: every replay draws the same random numbers.
     """
 
-    def sampling_positions(self, drafted_positions, meta):
-        return drafted_positions + 7919 * meta.draft_step
+    def sampling_positions(self, drafted_positions):
+        return drafted_positions + 7919 * self.forward_meta.draft_step
 
 
 class LogitsReadNextStep:
@@ -244,11 +251,11 @@ class DraftBoundBatchMin:
         return super().step_forward(num_tokens_padded, num_reqs_padded, meta)
 
 
-class LogitsOfLiveTokens:
+class LogitsOfLiveTokens(SeesTargetMeta):
     """The target computes logits for the live tokens only, counting them on the host with `.item()` on
     query_start_loc: right in eager code, and a host sync inside the captured verify forward, which no graph
     can capture."""
 
-    def logits(self, hidden, meta):
-        live = int(meta.query_start_loc[-1].item())
-        return super().logits(hidden[:live], meta)
+    def logits(self, hidden):
+        live = int(self.forward_meta.query_start_loc[-1].item())
+        return super().logits(hidden[:live])

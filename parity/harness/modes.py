@@ -85,21 +85,6 @@ def reference_names(modes, scenario: Scenario) -> dict[str, str]:
     return names
 
 
-def engine_config(scenario: Scenario, spec_decode: bool = True) -> EngineConfig:
-    return EngineConfig(
-        num_speculative_tokens=scenario.num_speculative_tokens,
-        max_num_seqs=scenario.max_num_seqs,
-        max_num_batched_tokens=scenario.max_num_batched_tokens,
-        block_size=scenario.block_size,
-        max_model_len=scenario.max_model_len,
-        temperature=scenario.temperature,
-        seed=scenario.seed,
-        sliding_window=scenario.sliding_window,
-        sliding_window_layers=scenario.sliding_window_layers,
-        spec_decode=spec_decode,
-    )
-
-
 def capture_policy(scenario: Scenario, policy: CapturePolicy) -> CapturePolicy:
     """The run's policy with the scenario's own capture choices folded in."""
     if scenario.shared_drafter_pool:
@@ -163,7 +148,7 @@ def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.
 def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: EngineParts, install,
          progress) -> ModeRun:
     """Build an engine, `install(engine)` its executors, run, and give every byte of it back."""
-    config = engine_config(scenario)
+    config = EngineConfig.of(scenario)
     specs = request_specs(scenario, pair.tokenizer, config)
     watch = Stopwatch()
 

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from parity.engine.config import EngineConfig
 from parity.errors import OutOfDeviceMemory, ParityInputError
 from parity.graphs.dispatcher import Dispatcher
 from parity.graphs.modes import EAGER, FULL, PIECEWISE, default_capture_sizes, fallback_for, validate_capture_sizes
 from parity.harness.activations import (FP32, Dims, Geometry, attention_bytes, draft_bytes, pieces_bytes,
                                         verify_bytes)
-from parity.harness.modes import engine_config
 from parity.harness.request import load_request_scenario, resolve_backend, resolve_dtype, resolve_modes
 from parity.models import memory
 from parity.models.zoo import get_entry, resolve_paths
@@ -139,7 +139,7 @@ def make_plan(target: dict, head: dict, dtype: torch.dtype, scenario, modes, mod
               policy_shared_pool: bool = False) -> MemoryPlan:
     """The plan of `modes` for a pair given by its config.json dicts (no budget yet)."""
     s = dtype.itemsize
-    cfg = engine_config(scenario)
+    cfg = EngineConfig.of(scenario)
     sizes = validate_capture_sizes(scenario.capture_sizes) if scenario.capture_sizes is not None \
         else default_capture_sizes(cfg.max_num_batched_tokens)
     shapes = _Shapes(target, head, s, cfg)
@@ -259,7 +259,7 @@ def check_plan(plan: MemoryPlan | None) -> None:
 
 def kv_cache_tokens(scenario) -> int:
     """The KV slots an engine of this scenario allocates per layer (what the loader's memory check reserves)."""
-    cfg = engine_config(scenario)
+    cfg = EngineConfig.of(scenario)
     return cfg.num_blocks * cfg.block_size
 
 

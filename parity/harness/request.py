@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
+from parity.engine.config import MAX_SEED
 from parity.engine.parts import EngineParts
 from parity.errors import ParityInputError
 from parity.graphs.modes import EAGER, MODES
 from parity.graphs.policy import CapturePolicy
-from parity.harness.scenario import MAX_SEED, Scenario, load_scenario
+from parity.harness.scenario import Scenario, load_scenario
 from parity.models.pair import load_pair
 from parity.models.zoo import get_entry
 

@@ -2,7 +2,10 @@
 
 A scenario fixes everything a run depends on except the model and the modes
 given on the command line: prompts, batch composition and arrivals, engine
-limits, sampling, graph capture sizes and the tolerances of the verdict.
+limits, sampling, graph capture sizes and the tolerances of the verdict. The
+engine's settings (limits, sampling, sliding window) are `EngineSettings`: the
+scenario is built on it, so their names, defaults and rules live in
+`engine/config.py` and a file breaking one is told so at the key's line.
 
 Anything a file can hold is answered with one line: binary junk, another
 encoding, YAML tags, nesting, absurd sizes (every count is capped at MAX_COUNT,
@@ -20,14 +23,17 @@ from pathlib import Path
 import yaml
 
 from parity.analysis.tolerances import Tolerances
+from parity.engine.config import MAX_K, EngineSettings, SettingError
 from parity.errors import ParityInputError
 from parity.graphs.modes import MODES
 from parity.files import is_file, read_text_file, show
 from parity.harness.prompts import read_prompts
 
 
-@dataclass(frozen=True)
-class Scenario:
+@dataclass(frozen=True, kw_only=True)
+class Scenario(EngineSettings):
+    """The engine's settings (`EngineSettings`, checked on construction) and the run around them."""
+
     name: str
     path: str
     prompts_file: str
@@ -35,18 +41,9 @@ class Scenario:
     num_requests: int
     arrivals: tuple[int, ...]                       # engine step of each request's arrival
     max_tokens: int = 32
-    max_num_seqs: int = 4
-    max_num_batched_tokens: int = 256
-    num_speculative_tokens: int = 3
-    temperature: float = 0.0
-    seed: int = 0
-    block_size: int = 16
-    max_model_len: int = 256
     capture_sizes: tuple[int, ...] | None = None
     modes: tuple[str, ...] = MODES
     drafter_mode: str | None = None
-    sliding_window: int = 0
-    sliding_window_layers: tuple[int, ...] = ()
     shared_drafter_pool: bool = False
     tolerances: Tolerances = field(default_factory=Tolerances)
     description: str = ""
@@ -61,7 +58,7 @@ _SCALARS = {
     "max_tokens": (int, "a positive integer"),
     "max_num_seqs": (int, "a positive integer"),
     "max_num_batched_tokens": (int, "a positive integer"),
-    "num_speculative_tokens": (int, "an integer in 1..32"),
+    "num_speculative_tokens": (int, f"an integer in 1..{MAX_K}"),
     "temperature": ((int, float), "a number >= 0"),
     "seed": (int, "an integer"),
     "block_size": (int, "a positive integer"),
@@ -72,7 +69,7 @@ _SCALARS = {
 _LISTS = {"arrivals", "capture_sizes", "modes", "sliding_window"}
 _TOLERANCE_KEYS = {f.name: f.type for f in fields(Tolerances)}
 MAX_COUNT = 1 << 20          # requests, tokens, sizes: a million is past any scenario this harness runs
-MAX_SEED = (1 << 63) - 1     # seeds are folded into int64 arithmetic
+MAX_TEMPERATURE = 1e4
 # NOTE: bounds on time, not memory (the memory plan bounds that): a KV block larger than vLLM's largest is
 # no cache layout an engine uses, and the work of a run grows with the tokens it emits; a million-token
 # block or a million requests of a million tokens each "fit" and then run for hours.
@@ -170,22 +167,20 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
     node = lambda key: nodes[key][1] if key in nodes else None  # noqa: E731
     if "prompts" not in raw:
         check.fail(None, "missing required key 'prompts'")
-    for key in ("num_requests", "max_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                "max_model_len"):
+    for key in ("num_requests", "max_tokens"):
         _positive(check, nodes, raw, key)
-    block_size, max_model_len = raw.get("block_size", _default("block_size")), raw.get("max_model_len",
-                                                                                      _default("max_model_len"))
-    if block_size > MAX_BLOCK_SIZE:
-        check.fail(node("block_size"), f"block_size must be at most {MAX_BLOCK_SIZE} tokens, got {block_size}")
-    if block_size > max_model_len:
-        check.fail(node("block_size"), f"block_size {block_size} is larger than max_model_len {max_model_len}")
-    k = raw.get("num_speculative_tokens", 3)
-    if not 1 <= k <= 32:
-        check.fail(node("num_speculative_tokens"), f"num_speculative_tokens must be in 1..32, got {k}")
-    if not 0 <= raw.get("temperature", 0.0) <= 1e4:      # also refuses NaN and infinity
-        check.fail(node("temperature"), f"temperature must be a number in 0..10000, got {raw['temperature']}")
-    if not 0 <= raw.get("seed", 0) <= MAX_SEED:
-        check.fail(node("seed"), f"seed must be an integer in 0..2**63-1, got {raw['seed']}")
+    settings = _settings(check, node, raw)
+    for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        if getattr(settings, key) > MAX_COUNT:
+            check.fail(node(key), f"{key} must be at most {MAX_COUNT}, got {getattr(settings, key)}")
+    if settings.block_size > MAX_BLOCK_SIZE:
+        check.fail(node("block_size"), f"block_size must be at most {MAX_BLOCK_SIZE} tokens, got "
+                                       f"{settings.block_size}")
+    if settings.block_size > settings.max_model_len:
+        check.fail(node("block_size"), f"block_size {settings.block_size} is larger than max_model_len "
+                                       f"{settings.max_model_len}")
+    if not settings.temperature <= MAX_TEMPERATURE:      # also refuses infinity
+        check.fail(node("temperature"), f"temperature must be at most {MAX_TEMPERATURE:g}, got {raw['temperature']}")
     if "name" in raw and (not raw["name"].strip() or not raw["name"].isprintable() or len(raw["name"]) > 200):
         check.fail(node("name"), f"name must be 1 to 200 printable characters, got {show(raw['name'])}")
 
@@ -205,21 +200,28 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
     modes = _modes(check, node, raw)
     window, window_layers = _window(check, node("sliding_window"), raw.get("sliding_window"))
 
-    values = {key: raw[key] for key in ("max_tokens", "max_num_seqs", "max_num_batched_tokens",
-                                        "num_speculative_tokens", "seed", "block_size", "max_model_len",
-                                        "drafter_mode", "shared_drafter_pool", "description") if key in raw}
-    if "temperature" in raw:
-        values["temperature"] = float(raw["temperature"])
+    values = {key: raw[key] for key in ("max_tokens", "drafter_mode", "shared_drafter_pool", "description")
+              if key in raw}
+    engine = {**settings.settings(), "temperature": float(settings.temperature), "sliding_window": window,
+              "sliding_window_layers": window_layers}
     return Scenario(
         name=raw.get("name", path.stem), path=str(path), prompts_file=str(prompts_path),
         prompts=tuple(prompts), num_requests=num_requests, arrivals=tuple(arrivals),
-        capture_sizes=sizes, modes=tuple(modes), sliding_window=window,
-        sliding_window_layers=window_layers, tolerances=raw.get("tolerances", Tolerances()), **values)
+        capture_sizes=sizes, modes=tuple(modes), tolerances=raw.get("tolerances", Tolerances()), **engine, **values)
 
 
 def _default(key: str):
     """The Scenario field's default: what a scenario file that leaves `key` out gets."""
     return next(f.default for f in fields(Scenario) if f.name == key)
+
+
+def _settings(check: _Checker, node, raw: dict) -> EngineSettings:
+    """The file's engine settings, checked by the engine's own rules; a broken one is told at its key's line."""
+    given = {f.name: raw[f.name] for f in fields(EngineSettings) if f.name in _SCALARS and f.name in raw}
+    try:
+        return EngineSettings(**given)
+    except SettingError as error:
+        check.fail(node(error.key), str(error))
 
 
 def _step(value) -> bool:

@@ -14,11 +14,12 @@ from parity.analysis.kinds import NONE
 from parity.analysis.reference_parity import reference_parity
 from parity.analysis.summary import build_summary
 from parity.diagnose import bisect_mode
+from parity.engine.config import EngineConfig
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
-from parity.harness.modes import RunSet, capture_policy, engine_config, request_specs, run_modes, run_reference
+from parity.harness.modes import RunSet, capture_policy, request_specs, run_modes, run_reference
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
 from parity.harness.padding_diagnosis import padding_diagnosis, unless_unexplained
 from parity.harness.release import Stopwatch, frozen_heap, measured
@@ -157,7 +158,7 @@ def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, dev
 def diagnose(pair, scenario: Scenario, mode: str, backend: str, device, request: RunRequest,
              graph_matches_clean_reference: bool = False):
     """Bisect `mode` on engines built exactly as `parity run` builds them; every engine released after."""
-    config = engine_config(scenario)
+    config = EngineConfig.of(scenario)
     specs = request_specs(scenario, pair.tokenizer, config)
     engines: list = []
 

@@ -49,17 +49,33 @@ class _PaddedFlag:
 class _PaddedTargetNumerics:
     numerics_scale = 0.0
 
-    def logits(self, hidden, meta):
-        logits = super().logits(hidden, meta)
+    def logits(self, hidden):
+        logits = super().logits(hidden)
         return logits + self.numerics_scale * padding_noise(logits, self.builder.seam_padded, hidden.shape[0])
 
 
 class _PaddedDraftNumerics:
+    """The draft logits move by the noise of the draft forward's padded shape (the forward's own argument,
+    kept on the proposer for the forward only: `draft_logits` takes just the rows)."""
+
     numerics_scale = 0.0
 
-    def draft_logits(self, row_hidden, meta):
-        logits = super().draft_logits(row_hidden, meta)
-        return logits + self.numerics_scale * padding_noise(logits, self.builder.seam_padded, _padded_tokens(meta))
+    def prefill_forward(self, num_tokens_padded, num_reqs_padded, meta):
+        return self._padded_forward(super().prefill_forward, num_tokens_padded, num_reqs_padded, meta)
+
+    def step_forward(self, num_tokens_padded, num_reqs_padded, meta):
+        return self._padded_forward(super().step_forward, num_tokens_padded, num_reqs_padded, meta)
+
+    def _padded_forward(self, forward, num_tokens_padded, num_reqs_padded, meta):
+        self.seam_padded_tokens = _padded_tokens(meta)
+        try:
+            return forward(num_tokens_padded, num_reqs_padded, meta)
+        finally:
+            del self.seam_padded_tokens
+
+    def draft_logits(self, row_hidden):
+        logits = super().draft_logits(row_hidden)
+        return logits + self.numerics_scale * padding_noise(logits, self.builder.seam_padded, self.seam_padded_tokens)
 
 
 def _padded_tokens(meta) -> int:

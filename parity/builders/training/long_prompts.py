@@ -1,6 +1,6 @@
 """Long prompts for scenarios/long-context-8k.yaml, cut from the corpus's stories (deterministic).
 
-    python -m parity.training.long_prompts          # rewrites scenarios/prompts/long.jsonl
+    python -m parity.builders.training.long_prompts          # rewrites scenarios/prompts/long.jsonl
 
 Each prompt is held-out stories of the training corpus, one after another,
 cut at the first word that brings it to its target length in word-level
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from parity.training.corpus import generate_corpus, words
+from parity.builders.training.corpus import generate_corpus, words
 
 # prompt id -> length in tokens: spread over 4000-7000 so chunked prefill (2048 tokens a
 # step) cuts each one differently, and the longest still leaves room in 8192 for its output.

@@ -44,7 +44,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from parity.models.eagle1 import Eagle1Head
 from parity.models.eagle3 import Eagle3Head
-from parity.models.synth_spec import SynthShape
+from parity.builders.synth.spec import SynthShape
 
 INIT_STD = 0.02             # Llama's initializer_range
 HEAD_BRANCH_SCALE = 1e-4    # the head's MLP output: nearly nothing

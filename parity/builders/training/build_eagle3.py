@@ -1,6 +1,6 @@
 """Build the embedded pair `tiny-llama3-eagle3`: the tiny target plus an EAGLE-3 head.
 
-    python -m parity.training.build_eagle3      # or: parity models build --pair tiny-llama3-eagle3
+    python -m parity.builders.training.build_eagle3      # or: parity models build --pair tiny-llama3-eagle3
 
 The target is `tiny-llama3-eagle`'s, copied byte for byte into
 `tiny-llama3-eagle3/target` (so the pair loads like any other; `build_info.json`
@@ -32,14 +32,15 @@ import tokenizers
 
 from parity.engine.config import EngineConfig
 from parity.engine.spec_decode import RequestSpec, SpecDecodeEngine
-from parity.models import loader, saver
+from parity.builders import saver
+from parity.models import loader
 from parity.models.assets import ASSETS_ROOT, TINY_PAIR, write_manifest
-from parity.training import corpus
-from parity.training.build import (ACCEPTANCE_K, ACCEPTANCE_MAX_NEW_TOKENS, NUM_ESTIMATE_PROMPTS,
+from parity.builders.training import corpus
+from parity.builders.training.build import (ACCEPTANCE_K, ACCEPTANCE_MAX_NEW_TOKENS, NUM_ESTIMATE_PROMPTS,
                                          NUM_TRAIN_STORIES, SEED, _mean_tail, _rounded, deterministic_torch,
                                          estimate_prompts, library_versions, token_stream)
-from parity.training.eagle3_train import draft_vocabulary, train_eagle3_head
-from parity.training.train import TrainSettings, attention_implementation, distinct_ngram_fraction
+from parity.builders.training.eagle3_train import draft_vocabulary, train_eagle3_head
+from parity.builders.training.train import TrainSettings, attention_implementation, distinct_ngram_fraction
 
 PAIR = "tiny-llama3-eagle3"
 AUX_LAYER_IDS = (0, 1, 2)

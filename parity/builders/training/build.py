@@ -1,6 +1,6 @@
 """Build the embedded pair `tiny-llama3-eagle`: corpus, tokenizer, target, EAGLE-1 head, files.
 
-    python -m parity.training.build            # rebuild parity/assets/ + default prompts
+    python -m parity.builders.training.build            # rebuild parity/assets/ + default prompts
 
 Everything is seeded and step-counted, so a rebuild on the same machine and
 library versions reproduces the same bytes; other machines may differ in the
@@ -24,11 +24,12 @@ import tokenizers
 import torch
 import transformers
 
-from parity.models import loader, saver
+from parity.builders import saver
+from parity.models import loader
 from parity.models.assets import ASSETS_ROOT, TINY_PAIR, write_manifest
-from parity.training import corpus
-from parity.training.tokenizer import BOS, EOS, build_tokenizer, save_tokenizer
-from parity.training.train import (TrainSettings, acceptance_report, perplexity, target_config,
+from parity.builders.training import corpus
+from parity.builders.training.tokenizer import BOS, EOS, build_tokenizer, save_tokenizer
+from parity.builders.training.train import (TrainSettings, acceptance_report, perplexity, target_config,
                                          train_head, train_target)
 from parity.models.llama import TargetModel
 

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 from transformers import LlamaForCausalLM
 
-from parity.models.synth_spec import SynthShape
-from parity.models.synth_weights import branch_free_hidden, set_branch_scale
+from parity.builders.synth.spec import SynthShape
+from parity.builders.synth.weights import branch_free_hidden, set_branch_scale
 
 LADDER = (1.0, 3e-1, 1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 3e-6, 1e-6, 3e-7, 1e-7)
 START = 1e-2

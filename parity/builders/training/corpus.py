@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 
-from parity.training.corpus_words import (
+from parity.builders.training.corpus_words import (
     MALE_NAMES, FEMALE_NAMES, TOWNS, JOBS, PERSON_ADJ, PETS, PET_ADJ, PET_ACTIONS, WILD, PREPS, PLACES,
     PLURALS, ITEM_ADJ, SIZE_ADJ, NUMBERS, ORDINALS, MOODS, SKY, WIND, WEATHER, FOODS, DRINKS, GIFTS,
     PACKABLE, DREAMS, MOVES, ADVERBS, SAYINGS, TIMES, ENDINGS, PRONOUNS,

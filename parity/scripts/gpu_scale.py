@@ -1,4 +1,4 @@
-"""The real-scale check on one GPU, end to end, in under 9 minutes: `python -m parity.commands.gpu_scale`.
+"""The real-scale check on one GPU, end to end, in under 9 minutes: `python -m parity.scripts.gpu_scale`.
 
 On an H100 (80 GB), given nothing:
  1. the CUDA memory test (tests/test_gpu_memory.py: every run returns to the post-load baseline);
@@ -94,7 +94,7 @@ def cuda_problem() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parity.commands.gpu_scale", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m parity.scripts.gpu_scale", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", default="scenarios/llama3-eagle-short.yaml", help="the 5-mode run's scenario")
     p.add_argument("--synth-dir", default=os.environ.get("SYNTH_DIR", "/tmp/synth8b"))
     p.add_argument("--budget", type=float, default=BUDGET_SECONDS, help="seconds for everything")

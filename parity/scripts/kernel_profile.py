@@ -1,4 +1,4 @@
-"""Where a FULL verify forward's GPU time goes: `python -m parity.commands.kernel_profile --synth-dir DIR`.
+"""Where a FULL verify forward's GPU time goes: `python -m parity.scripts.kernel_profile --synth-dir DIR`.
 
 For a real-shape pair (the synthetic 8B pair of `parity models synth`, or any
 local target/EAGLE-1 pair) in bf16 on one GPU: the target's verify forward at
@@ -53,12 +53,12 @@ def profile_verify(pair, batch: int, device) -> list[tuple[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parity.commands.kernel_profile", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m parity.scripts.kernel_profile", description=__doc__.splitlines()[0])
     p.add_argument("--synth-dir", default="/tmp/synth8b", help="a folder holding target/ and eagle1/")
     p.add_argument("--batches", default="1,8,32", help="verify batch sizes, comma-separated")
     p.add_argument("--top", type=int, default=20, help="kernel groups shown per batch")
     args = p.parse_args(argv)
-    from parity.commands.gpu_scale import cuda_problem
+    from parity.scripts.gpu_scale import cuda_problem
 
     problem = cuda_problem()
     if problem is not None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
-from parity.training.train import TrainSettings, _lr_at, _optimizer, random_windows
+from parity.builders.training.train import TrainSettings, _lr_at, _optimizer, random_windows
 from parity.models.eagle3 import AUX_IDS_KEY, Eagle3Head
 
 TTT_ATTENTION = "parity_eagle3_ttt"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from parity.training.corpus import vocabulary
+from parity.builders.training.corpus import vocabulary
 
 UNK, BOS, EOS = "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS = [UNK, BOS, EOS]

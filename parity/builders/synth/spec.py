@@ -55,7 +55,7 @@ class SynthShape:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"shape {self.name}: attention heads must be a multiple of KV heads")
         # NOTE: the synthetic EAGLE-3 head carries the token embedding through its
-        # attention's value path (synth_weights.eagle3_state), which needs all h dims.
+        # attention's value path (weights.eagle3_state), which needs all h dims.
         if self.num_attention_heads * self.head_dim != self.hidden_size:
             raise ValueError(f"shape {self.name}: heads x head_dim must equal hidden_size")
         if not self.draft_vocab_size <= self.vocab_size:
@@ -152,7 +152,7 @@ def head_config(shape: SynthShape, head: str) -> dict:
 
     EAGLE-1 (yuhuili/EAGLE-LLaMA3-Instruct-8B): the target's config with one layer.
     EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): one layer, `draft_vocab_size`,
-    the aux layer ids, and two synthetic choices (see synth_weights.eagle3_state):
+    the aux layer ids, and two synthetic choices (see weights.eagle3_state):
     no GQA in the head's layer (its values carry the whole token embedding) and
     `norm_before_residual` (the residual is the normed hidden input, as in
     speculators' checkpoints), so the draft of each step follows its own token.

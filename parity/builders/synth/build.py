@@ -1,8 +1,8 @@
 """`parity models synth`: write a calibrated random-weights target + EAGLE head, no download.
 
-The pair is generated on the target device (synth_weights), the target's branch
-scale calibrated for the requested acceptance (synth_calibrate), and both are
-written in the published layouts (synth_spec) into a staging folder beside
+The pair is generated on the target device (weights.py), the target's branch
+scale calibrated for the requested acceptance (calibrate.py), and both are
+written in the published layouts (spec.py) into a staging folder beside
 OUT that is renamed to OUT only when complete, so a failed build leaves nothing
 behind that looks like a pair.
 """
@@ -19,12 +19,14 @@ import torch
 from transformers import LlamaConfig
 
 from parity.errors import ParityInputError
-from parity.models import memory, saver, synth_weights
-from parity.models.shards import SHARD_BYTES, write_safetensors
-from parity.models.synth_calibrate import START, TOLERANCE, Calibration, calibrate, calibration_tokens
-from parity.models.synth_spec import (INFO_FILE, TARGET_FOLDER, SynthRequest, SynthShape, head_config,
-                                      target_config)
-from parity.models.synth_tokenizer import write_tokenizer
+from parity.builders import saver
+from parity.builders.shards import SHARD_BYTES, write_safetensors
+from parity.builders.synth import weights as synth_weights
+from parity.builders.synth.calibrate import START, TOLERANCE, Calibration, calibrate, calibration_tokens
+from parity.builders.synth.spec import (INFO_FILE, TARGET_FOLDER, SynthRequest, SynthShape, head_config,
+                                        target_config)
+from parity.builders.synth.tokenizer import write_tokenizer
+from parity.models import memory
 
 GIB = 1 << 30
 
