@@ -29,7 +29,7 @@ from parity.audit.capture import cuda_capturing, current_frame, paused_gc
 from parity.audit.cheap import not_refreshed, rebinds
 from parity.audit.check import cheap_reassigned, checked_replay
 from parity.audit.context import capture_hints, none_at_capture
-from parity.audit.infer import located
+from parity.audit.locate import located
 from parity.audit.options import resolve
 from parity.audit.diagnosis import GraphAuditWarning, GraphParityError, make_diagnosis, summary
 from parity.audit.record import CaptureRecord, build_record, padded_rows_of
