@@ -31,12 +31,12 @@ from torch.utils._pytree import tree_flatten
 _MACHINERY = (os.path.dirname(__file__) + os.sep, os.path.join(os.path.dirname(os.path.dirname(__file__)), "graphs")
               + os.sep, os.path.dirname(torch.__file__) + os.sep)
 # Ops that launch no kernel: allocation and aliasing (views are told by their schema).
-_NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::set_", "aten::detach", "aten::alias", "aten::lift_fresh",
+NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::set_", "aten::detach", "aten::alias", "aten::lift_fresh",
               "aten::_local_scalar_dense"}
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
-def _not_callable(filename: str) -> bool:
+def not_callable(filename: str) -> bool:
     """Machinery, or the standard library (weakref finalizers of freed temporaries run from whatever
     frame is current), but not packages installed beside it (an engine in site-packages)."""
     if filename.startswith(_MACHINERY):
@@ -61,7 +61,7 @@ def block_frame(start):
 
 def _launches(func, args, kwargs, tracer) -> bool:
     """The op runs a kernel on memory from before the capture (not a view, not an allocation)."""
-    if func.is_view or func._schema.name in _NO_KERNEL:
+    if func.is_view or func._schema.name in NO_KERNEL:
         return False
     return any(isinstance(t, torch.Tensor) and tracer.is_external(t) for t in tree_flatten((args, kwargs))[0])
 
@@ -107,7 +107,7 @@ class BlockSpy:
     def _global(self, frame, event, arg):
         local = self._previous(frame, event, arg) if self._previous is not None else None
         if frame.f_back is not self.frame or (frame.f_code not in _MODULE_CALLS
-                                                and _not_callable(frame.f_code.co_filename)):
+                                                and not_callable(frame.f_code.co_filename)):
             return local
         self.current = len(self.calls)
         self.calls.append((frame.f_code, dict(frame.f_locals)))
