@@ -234,9 +234,9 @@ def test_an_enum_is_a_host_value_and_is_never_written_into():
 
 
 def test_engines_installed_in_site_packages_are_callables():
-    from parity.audit.infer import _STDLIB, _not_callable
-    assert _not_callable(f"{_STDLIB}/weakref.py")
-    assert not _not_callable(f"{_STDLIB}/site-packages/vllm/worker.py")
+    from parity.audit.infer import _STDLIB, not_callable
+    assert not_callable(f"{_STDLIB}/weakref.py")
+    assert not not_callable(f"{_STDLIB}/site-packages/vllm/worker.py")
 
 
 def test_a_padding_spec_poisons_integer_inputs_too():

@@ -129,3 +129,19 @@ def test_the_plugin_entry_point_has_the_module_name_so_dash_p_loads_it_once(tmp_
         code = pytest.main([str(tmp_path / "test_probe.py"), "-q", "-p", "no:cacheprovider", "-p", "no:parity_audit",
                             "-o", "addopts=", *extra])
         assert code == 0, extra
+
+
+def test_a_descriptor_key_is_shown_by_the_fields_that_tell_the_keys_apart():
+    from parity.audit.locate import key_text
+
+    @dataclasses.dataclass(frozen=True)
+    class Descriptor:
+        num_tokens: int
+        uniform: bool = True
+
+    keys = [Descriptor(8), Descriptor(4), Descriptor(4, False)]
+    assert [key_text(k, keys) for k in keys] == ["num_tokens=8, uniform=True", "num_tokens=4, uniform=True",
+                                                 "num_tokens=4, uniform=False"]
+    assert key_text(keys[0], keys[:2]) == "num_tokens=8"
+    assert key_text(keys[0], keys[:1]) == "num_tokens=8, uniform=True"      # one key: every field
+    assert key_text(("draft", 4), [("draft", 4)]) == "('draft', 4)"

@@ -113,3 +113,16 @@ def test_the_glue_a_user_writes_is_at_most_ten_lines():
     code = [line for i, line in enumerate(source.splitlines(), 1)
             if line.strip() and not line.strip().startswith("#") and i not in docstrings]
     assert len(code) <= 10, code
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", GRAPHED, ids=lambda m: m.name)
+def test_auto_audit_names_each_graph_by_its_wrapper_and_descriptor(mode, device):
+    # No glue: each graph is found in its wrapper's per-descriptor entry and named by where the wrapper is kept.
+    with auto_audit(on_mismatch="raise") as session:
+        ModelRunner(mode, device=device).capture().generate(*workload())
+    owner = "ModelRunner.forward" if mode == CUDAGraphMode.FULL else "Model.pieces[{}]"
+    pieces = [0] if mode == CUDAGraphMode.FULL else [0, 1, 2]
+    assert [a.name for a in session.audits] == [f"{owner.format(i)}[num_tokens={n}]" for n in (4, 2, 1)
+                                                for i in pieces]
+    assert session.errors == [] and all(a.replays > 0 for a in session.audits)

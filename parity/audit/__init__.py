@@ -5,7 +5,9 @@ same padded shape on the same live inputs. Wrap the callable you capture in a
 `GraphAudit`; each replay is then checked (every N-th with a shadow eager run),
 and a mismatch is localised by one-variable experiments to a named buffer or
 value: STALE_BUFFER, BUFFER_REASSIGNED, FROZEN_AT_CAPTURE, PADDING_LEAK,
-POOL_ALIAS (or CAPTURE_CONTEXT / UNEXPLAINED with what was ruled out).
+POOL_ALIAS (or CAPTURE_CONTEXT / UNEXPLAINED with what was ruled out); a
+program reading an output another replay of its forward overwrote is
+OUTPUT_ALIASED, told at the read.
 
 Public API (stable):
     GraphAudit, GraphParityError, GraphAuditWarning   the audit, its error and warning

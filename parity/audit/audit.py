@@ -23,13 +23,13 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from parity.audit import pool
+from parity.audit import lifetime, pool
 from parity.audit.backends import backend_for
 from parity.audit.capture import cuda_capturing, current_frame, paused_gc
 from parity.audit.cheap import not_refreshed, rebinds
 from parity.audit.check import cheap_reassigned, checked_replay
 from parity.audit.context import capture_hints, none_at_capture
-from parity.audit.infer import located
+from parity.audit.locate import located
 from parity.audit.options import resolve
 from parity.audit.diagnosis import GraphAuditWarning, GraphParityError, make_diagnosis, summary
 from parity.audit.record import CaptureRecord, build_record, padded_rows_of
@@ -81,6 +81,7 @@ class GraphAudit:
         self.record: CaptureRecord | None = None
         self.backend = None
         self.replays = 0
+        self.replayed_at = 0         # when it last replayed, among all audits (lifetime.py's clock)
         self.mismatches = 0          # checked replays that differed from eager
         self.errors: list[GraphParityError] = []
         self.findings: list[dict] = []
@@ -125,6 +126,7 @@ class GraphAudit:
         self._leaves = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
         self._none_at_capture = none_at_capture(self.static_inputs)
         pool.link(self)
+        lifetime.register(self)
 
     def bind(self, graph) -> "GraphAudit":
         """Audit `graph`'s replays: its `replay()` now goes through this audit."""
@@ -169,12 +171,17 @@ class GraphAudit:
         roots = roots_of(record.fn, args, kwargs, self.static_inputs)
         found = rebinds(record, roots)
         self._check_versions()
-        if self._due():
-            diagnoses = checked_replay(self, roots, args, kwargs, found)
-        else:
-            self._raw_replay()
-            pool.after_replay(self)
-            diagnoses = [d for d in (cheap_reassigned(self, found),) if d is not None]
+        due = self._due()
+        lifetime.before_replay(self, due)
+        try:
+            if due:
+                diagnoses = checked_replay(self, roots, args, kwargs, found)
+            else:
+                self._raw_replay()
+                pool.after_replay(self)
+                diagnoses = [d for d in (cheap_reassigned(self, found),) if d is not None]
+        finally:
+            lifetime.after_replay(self)
         for diagnosis in diagnoses:
             self._report(diagnosis)
         return self.outputs

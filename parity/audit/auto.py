@@ -26,7 +26,7 @@ import torch
 
 from parity.audit import audit as audit_module
 from parity.audit import capture as capture_stack
-from parity.audit import emulated
+from parity.audit import emulated, lifetime
 from parity.audit.audit import GraphAudit
 from parity.audit.diagnosis import GraphParityError
 from parity.audit.infer import BlockSpy, block_frame, describe
@@ -210,6 +210,7 @@ def _unpatch(session: AuditSession) -> None:
     emulated.AUTO_HOOKS = _SESSIONS[-1] if _SESSIONS else None
     audit_module.DEFAULT_SINK = _SESSIONS[-1] if _SESSIONS else None
     if not _SESSIONS:
+        lifetime.stop()
         torch.cuda.CUDAGraph = _ORIGINAL["cuda"]
         graphs = sys.modules.get("torch.cuda.graphs")
         if graphs is not None:

@@ -11,7 +11,7 @@ analysis package so the audit stays importable on its own.
 from __future__ import annotations
 
 KINDS = ("STALE_BUFFER", "BUFFER_REASSIGNED", "FROZEN_AT_CAPTURE", "PADDING_LEAK", "POOL_ALIAS",
-         "CAPTURE_CONTEXT", "NOT_REFRESHED", "UNEXPLAINED")
+         "OUTPUT_ALIASED", "CAPTURE_CONTEXT", "NOT_REFRESHED", "UNEXPLAINED")
 
 DIAGNOSIS_KEYS = ("kind", "buffers", "mode", "owner", "step", "phase", "draft_step", "forward_index", "rows",
                   "graph", "captured_address", "live_address", "evidence", "replays", "max_abs_diff", "timing",

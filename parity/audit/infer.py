@@ -31,12 +31,12 @@ from torch.utils._pytree import tree_flatten
 _MACHINERY = (os.path.dirname(__file__) + os.sep, os.path.join(os.path.dirname(os.path.dirname(__file__)), "graphs")
               + os.sep, os.path.dirname(torch.__file__) + os.sep)
 # Ops that launch no kernel: allocation and aliasing (views are told by their schema).
-_NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::set_", "aten::detach", "aten::alias", "aten::lift_fresh",
+NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::set_", "aten::detach", "aten::alias", "aten::lift_fresh",
               "aten::_local_scalar_dense"}
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
-def _not_callable(filename: str) -> bool:
+def not_callable(filename: str) -> bool:
     """Machinery, or the standard library (weakref finalizers of freed temporaries run from whatever
     frame is current), but not packages installed beside it (an engine in site-packages)."""
     if filename.startswith(_MACHINERY):
@@ -61,7 +61,7 @@ def block_frame(start):
 
 def _launches(func, args, kwargs, tracer) -> bool:
     """The op runs a kernel on memory from before the capture (not a view, not an allocation)."""
-    if func.is_view or func._schema.name in _NO_KERNEL:
+    if func.is_view or func._schema.name in NO_KERNEL:
         return False
     return any(isinstance(t, torch.Tensor) and tracer.is_external(t) for t in tree_flatten((args, kwargs))[0])
 
@@ -107,7 +107,7 @@ class BlockSpy:
     def _global(self, frame, event, arg):
         local = self._previous(frame, event, arg) if self._previous is not None else None
         if frame.f_back is not self.frame or (frame.f_code not in _MODULE_CALLS
-                                                and _not_callable(frame.f_code.co_filename)):
+                                                and not_callable(frame.f_code.co_filename)):
             return local
         self.current = len(self.calls)
         self.calls.append((frame.f_code, dict(frame.f_locals)))
@@ -202,42 +202,3 @@ def describe(call: BlockCall) -> str:
     shown = [repr(a) for a in call.args if isinstance(a, (bool, int, float, str))]
     shown += [f"{k}={v!r}" for k, v in call.kwargs.items() if isinstance(v, (bool, int, float, str))]
     return f"{name}({', '.join(shown)})"
-
-
-MAX_HOPS = 5
-
-
-def _holders(obj):
-    """(holder, step, kind) for each container or object attribute holding `obj`: kind "object" (an
-    attribute of an object: a name to stop at), "tuple" (a position beside other values) or "item"."""
-    for ref in gc.get_referrers(obj):
-        if isinstance(ref, (tuple, list)):
-            kind = "tuple" if isinstance(ref, tuple) else "item"
-            yield from ((ref, f"[{i}]", kind) for i, x in enumerate(ref) if x is obj)
-        elif isinstance(ref, dict):
-            owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
-            for key in [k for k, v in ref.items() if v is obj][:1]:
-                if owners:
-                    yield owners[0], f".{key}", "object"
-                elif not (isinstance(key, str) and key.startswith("_")):
-                    yield ref, f"[{key!r}]", "item"
-        elif hasattr(ref, "__dict__") and not isinstance(ref, (types.FunctionType, types.ModuleType, type)):
-            yield from ((ref, f".{k}", "object") for k, v in list(vars(ref).items()) if v is obj)
-
-
-def located(graph) -> str | None:
-    """Where the engine keeps `graph`: 'Engine.graphs[('decode', 4)]' (owner type, attribute, keys); None if
-    no object attribute holds it within a few containers. A position in a tuple beside it is dropped."""
-    frontier = [(graph, ())]
-    for _ in range(MAX_HOPS):
-        found = []
-        for obj, steps in frontier:
-            for holder, step, kind in _holders(obj):
-                path = ((step, kind),) + steps
-                if kind == "object":
-                    while path and path[-1][1] == "tuple":
-                        path = path[:-1]
-                    return type(holder).__name__ + "".join(s for s, _ in path)
-                found.append((holder, path))
-        frontier = found[:16]
-    return None

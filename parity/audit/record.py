@@ -18,7 +18,7 @@ from parity.audit.aliases import non_owning
 from parity.audit.defined import Undefined
 from parity.graphs.roles import HOST_TYPES, Path, chain_of, resolve, roots_of, walk
 from parity.audit.state import bit_equal
-from parity.audit.trace import ReadSetTracer, byte_range, storage_ptr, version_of
+from parity.audit.trace import ReadSetTracer, byte_range, merged, storage_ptr, version_of
 
 MAX_PATHS_PER_TENSOR = 3
 MAX_HOST_VALUES = 4000
@@ -84,6 +84,7 @@ class CaptureRecord:
     num_ops: int = 0
     undefined: Undefined = field(default_factory=Undefined)   # produced bytes the graph never writes
     defined: list | None = None     # per output: elements the graph writes (bool mask; None: all); see settle()
+    produced: list = field(default_factory=list)   # byte ranges the capture handed out: what every replay writes
 
     def settle(self) -> None:
         """Work that runs torch ops, done once after the capture closed (ops inside it would be captured).
@@ -153,7 +154,8 @@ def build_record(fn, args, kwargs, static_inputs, tracer: ReadSetTracer, result,
     names = list(output_names) if output_names else (
         ["out"] if isinstance(result, torch.Tensor) else [f"out[{i}]" for i in range(len(outputs))])
     return CaptureRecord(fn, tuple(args), dict(kwargs), roles, host, dict(tracer.writes),
-                         [non_owning(t) for t in outputs], names, unnamed, len(tracer.ops), tracer.undefined)
+                         [non_owning(t) for t in outputs], names, unnamed, len(tracer.ops), tracer.undefined,
+                         produced=merged(tracer.allocated))
 
 
 def _copy_inference_inputs(roles: list[Role]) -> None:

@@ -15,6 +15,8 @@ MEANING = {
     "FROZEN_AT_CAPTURE": "a Python value was baked into the graph at capture",
     "PADDING_LEAK": "padded rows leak into the real rows' results",
     "POOL_ALIAS": "another graph's replay overwrote this graph's output while it was still live (shared pool)",
+    "OUTPUT_ALIASED": "the program read a graph's output after another replay of its forward overwrote it "
+                      "(kept by reference, not copied)",
     "CAPTURE_CONTEXT": "the graph baked capture-time state that a fresh capture would not",
     "NOT_REFRESHED": "a static input was never written since capture (a warning: it may be constant)",
     "UNEXPLAINED": "the replay differs from eager and no one-variable experiment restores parity",

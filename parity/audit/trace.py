@@ -58,6 +58,30 @@ def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
     return found
 
 
+def merged(spans) -> list[tuple[int, int]]:
+    """The union of [start, end) ranges, as sorted disjoint ranges."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def minus(spans, cut) -> list[tuple[int, int]]:
+    """The parts of disjoint ranges `spans` outside every range of `cut`."""
+    for c0, c1 in cut:
+        spans = [p for s, e in spans for p in ((s, min(e, c0)), (max(s, c1), e)) if p[1] > p[0]] \
+            if any(s < c1 and c0 < e for s, e in spans) else spans
+    return spans
+
+
+def within(spans, start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of disjoint ranges `spans` inside [start, end)."""
+    return [(max(s, start), min(e, end)) for s, e in spans if s < end and start < e]
+
+
 class _Ranges:
     """Disjoint [start, end) ranges of produced memory with a containment query.
 
@@ -109,6 +133,7 @@ class ReadSetTracer(TorchDispatchMode):
         self.reads: dict[tuple[int, int, int], torch.Tensor] = {}   # (storage, start, end) -> first view read
         self.writes: dict[int, torch.Tensor] = {}                    # storage -> a view written
         self.undefined = Undefined()                                 # produced bytes no op has written
+        self.allocated: list[tuple[int, int]] = []                   # every range an op handed out, in order
         self._produced = _Ranges()
 
     def is_external(self, t: torch.Tensor) -> bool:
@@ -128,6 +153,7 @@ class ReadSetTracer(TorchDispatchMode):
         out = func(*args, **kwargs)
         for t in fresh_outputs(out, flat):
             self._produced.add(*byte_range(t))
+            self.allocated.append(byte_range(t))
             (self.undefined.add if func in EMPTY_FACTORIES else self.undefined.written)(*byte_range(t))
         return out
 
