@@ -14,7 +14,6 @@ from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
 from parity.graphs.capacity import ShortBuffers
 from parity.graphs.capture_errors import CaptureError
-from parity.graphs import host_state
 from parity.graphs.descriptor import WrongGraph
 from parity.graphs.factory import install_graphs, install_padded_reference
 from parity.graphs.modes import EAGER
@@ -140,12 +139,12 @@ class Bisector:
         where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}
         moves = host_moves.moved_by(snaps, ref, ev_r, graph, ev_g)    # before any re-run restores the pre-state
         if dispatch.runtime_mode == EAGER:
-            return host_moves.diagnose(self, graph, ev_g, snaps, out_r, moves, **where) or self.diagnosis(
+            ruled_out = []
+            return host_moves.diagnose(self, graph, ev_g, snaps, out_r, moves, ruled_out, **where) or self.diagnosis(
                 UNEXPLAINED, [], ev_g, evidence=[
                     f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
-                    "state left by an earlier graph replay, not a buffer read by this one"],
-                ruled_out=[f"the reference's value of {host_state.name(p)}, which the forward advances itself"
-                           for p in moves["ref"]], **where)
+                    "state left by an earlier graph replay, not a buffer read by this one"], ruled_out=ruled_out,
+                **where)
         executor = executor_of(graph, ev_g.owner)
         entry = executor.entry(dispatch)
         where["graph_info"] = {"runtime_mode": dispatch.runtime_mode, "num_tokens": dispatch.num_tokens_padded,
@@ -172,12 +171,10 @@ class Bisector:
             return self.diagnosis(BUFFER_REASSIGNED, [name], ev_g, captured=captured, live=live, evidence=evidence,
                                   experiment=experiment, ruled_out=ruled_out, **where)
         ruled_out += [f"point the reference's metadata {name} back at the persistent buffer" for name in split]
-        found = host_moves.diagnose(self, graph, ev_g, snaps, out_r, moves, entry, **where)
+        found = host_moves.diagnose(self, graph, ev_g, snaps, out_r, moves, ruled_out, entry, **where)
         if found is not None:
             found.ruled_out = ruled_out
             return found
-        ruled_out += [f"re-capture with the reference's value of {host_state.name(p)}, which the forward advances "
-                      "itself" for p in moves["ref"]]
         return recapture.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ruled_out, **where)
 
     # --- what the stages share ------------------------------------------------------------

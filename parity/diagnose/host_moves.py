@@ -38,22 +38,26 @@ def moved_by(snaps: dict, ref, ev_r, graph, ev_g) -> dict:
     return {"ref": host_moves(snaps["ref"], ev_r.owner), "graph": host_moves(snaps["graph"], ev_g.owner)}
 
 
-def diagnose(bisector, graph, ev_g, snaps, out_r, moves: dict, entry=None, **where):
-    """FROZEN_AT_CAPTURE naming the host value the forward advances itself, or None. `entry`: the graph the
-    forward replayed (None: the graph run ran it eagerly)."""
+def diagnose(bisector, graph, ev_g, snaps, out_r, moves: dict, ruled_out: list, entry=None, **where):
+    """FROZEN_AT_CAPTURE naming the host value the forward advances itself, or None (each experiment that did
+    not restore parity added to `ruled_out`). `entry`: the graph the forward replayed (None: the graph run ran
+    it eagerly)."""
     holder, graph_pre = snaps["graph"]["host"][ev_g.owner]
     executor = graph.owner(ev_g.owner).executor
     for path, (ref_before, ref_after) in moves["ref"].items():
         if path not in graph_pre:
             continue
+        name = host_state.name(path)
         if entry is None:
             found = _eager(bisector, graph, ev_g, snaps, out_r, executor, holder, path, ref_before)
         else:
             found = _replayed(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, ref_before)
-        if found is None:
+        if found is False:
+            ruled_out.append(f"{'re-run' if entry is None else 're-capture'} with the reference's value of {name}, "
+                             "which the forward advances itself")
+        if not found:
             continue
         experiment, control = found
-        name = host_state.name(path)
         evidence = [f"{name}: advanced by the forward itself: the reference's forward moved it "
                     f"{_short(ref_before)} -> {_short(ref_after)}",
                     _graph_side(name, path, graph_pre[path], moves["graph"], entry, executor),
@@ -65,13 +69,14 @@ def diagnose(bisector, graph, ev_g, snaps, out_r, moves: dict, entry=None, **whe
 
 def _replayed(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, value):
     """(experiment, control) when a re-capture with `path` at `value` restores parity and one with the captured
-    value does not; None otherwise."""
+    value does not; None when the graph was captured with `value`; False when the experiment failed."""
     baked = entry.captured_host.get(path, snaps["graph"]["host"][ev_g.owner][1][path])
-    if host_state.same(baked, value) or not _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor,
-                                                         holder, path, value):
+    if host_state.same(baked, value):
         return None
+    if not _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, value):
+        return False
     if _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, baked):
-        return None     # any fresh capture restores parity: the value is not what differs
+        return False     # any fresh capture restores parity: the value is not what differs
     name = host_state.name(path)
     return (f"re-capture with {name} at the reference's value {_short(value)} (same addresses, one host value "
             "changed)", f"the control re-capture with the value it was captured with ({_short(baked)}) does not")
@@ -97,7 +102,7 @@ def _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, pa
 
 def _eager(bisector, graph, ev_g, snaps, out_r, executor, holder, path, value):
     """(experiment, control) when re-running the eager forward with `path` at `value` restores parity; None
-    when the graph run's value is the reference's already, or the re-run does not restore it."""
+    when the graph run's value is the reference's already; False when the experiment failed."""
     if host_state.same(snaps["graph"]["host"][ev_g.owner][1][path], value):
         return None
     restore(snaps["graph"])
@@ -105,7 +110,7 @@ def _eager(bisector, graph, ev_g, snaps, out_r, executor, holder, path, value):
     restore(snaps["graph"])
     if not matched or _rerun_matches(bisector, graph, ev_g, out_r, executor):    # the control: unchanged
         restore(snaps["graph"])
-        return None
+        return False
     restore(snaps["graph"])
     name = host_state.name(path)
     return (f"re-run the forward from the graph run's pre-state with only {name} at the reference's value "
