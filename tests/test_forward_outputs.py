@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from parity.diagnose.bisector import bisect_mode
@@ -21,7 +22,7 @@ from parity.engine.parts import EngineParts
 from parity.engine.proposer import DRAFT_OUTPUTS, EagleProposer
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs.policy import CapturePolicy
-from tests.conftest import engine_config, make_specs
+from tests.conftest import engine_config, make_specs, pair_on
 
 SAMPLED = dict(temperature=0.8, seed=5)
 
@@ -53,13 +54,16 @@ class ProbsAtHostColumn(EagleProposer):
         self.buffers["draft_probs"][:n, meta.draft_step].copy_(probs)
 
 
-def test_a_divergence_in_draft_probs_alone_is_found_at_the_forward_that_wrote_it(random_pair):
+@pytest.mark.parametrize("backend", ["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_divergence_in_draft_probs_alone_is_found_at_the_forward_that_wrote_it(backend, random_pair):
     config = engine_config(**SAMPLED)
-    make = lambda: SpecDecodeEngine(*random_pair, config, parts=EngineParts(proposer=ProbsAtHostColumn))  # noqa
+    pair, device = pair_on(backend, random_pair)
+    make = lambda: SpecDecodeEngine(*pair, config, device, parts=EngineParts(proposer=ProbsAtHostColumn))  # noqa
     scenario = SimpleNamespace(capture_sizes=None, drafter_mode=None)
-    found = bisect_mode(make, make_specs(3, seed=1, max_tokens=6), "full", "emulated", scenario, CapturePolicy())
+    found = bisect_mode(make, make_specs(3, seed=1, max_tokens=6), "full", backend, scenario, CapturePolicy())
     # The first draft decode step replays a graph captured at draft step 0: it overwrites column 0's probabilities
     # (the draft prefill's); tokens, logprobs and gaps are right.
     assert (found.step, found.phase, found.draft_step, found.owner) == (0, "draft_step", 1, "drafter"), found
     assert found.kind == "FROZEN_AT_CAPTURE" and found.buffers == ["draft_step"], (found.kind, found.evidence)
     assert found.rows, found.rows
+

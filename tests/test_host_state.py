@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from parity.analysis.kinds import FROZEN_AT_CAPTURE
@@ -21,7 +22,7 @@ from parity.engine.spec_decode import SpecDecodeEngine
 from parity.engine.target_runner import TargetRunner
 from parity.graphs.host_state import host_values, moved, name, restore
 from parity.graphs.policy import CapturePolicy
-from tests.conftest import engine_config, make_specs
+from tests.conftest import engine_config, make_specs, pair_on
 
 
 class Sampler:
@@ -85,14 +86,17 @@ class ScheduledTarget(TargetRunner):
         return super().logits(hidden, meta) + 1e-3 * self.schedule.step
 
 
-def test_a_counter_the_captured_forward_advances_is_named_by_its_attribute(random_pair):
+@pytest.mark.parametrize("backend", ["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_counter_the_captured_forward_advances_is_named_by_its_attribute(backend, random_pair):
     config = engine_config()
     specs = make_specs(3, seed=1, max_tokens=6)
-    make = lambda: SpecDecodeEngine(*random_pair, config, parts=EngineParts(target_runner=ScheduledTarget))  # noqa
+    pair, device = pair_on(backend, random_pair)
+    make = lambda: SpecDecodeEngine(*pair, config, device, parts=EngineParts(target_runner=ScheduledTarget))  # noqa
     scenario = SimpleNamespace(capture_sizes=None, drafter_mode=None)
-    found = bisect_mode(make, specs, "full", "emulated", scenario, CapturePolicy())
+    found = bisect_mode(make, specs, "full", backend, scenario, CapturePolicy())
     assert (found.kind, found.buffers) == (FROZEN_AT_CAPTURE, ["schedule.step"]), (found.kind, found.evidence)
     assert (found.owner, found.phase, found.step) == ("target", "verify", 0)
     assert found.experiment.startswith("re-capture with schedule.step at the reference's value 0")
     assert any("advanced by the forward itself" in line for line in found.evidence), found.evidence
     assert not any("not deterministic" in line for line in found.evidence), found.evidence
+
