@@ -173,21 +173,6 @@ class SamplerOffsetByHostStep:
         return drafted_positions + 7919 * meta.draft_step
 
 
-class SamplerOffsetAdvancedInForward:
-    """The draft sampler's random stream is offset by a counter the forward advances itself
-    (`self.rng_offset += 1` after each draw, a Philox offset kept on the host): eager code draws fresh numbers
-    every forward; a graph replays the offset its capture read, and its replays never move the counter."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.rng_offset = 0
-
-    def sampling_positions(self, drafted_positions, meta):
-        offset = self.rng_offset
-        self.rng_offset += 1
-        return drafted_positions + 7919 * offset
-
-
 class LogitsReadNextStep:
     """A step's records are completed while the next step runs (overlap scheduling, SGLang #15399), from the
     target's logits held by reference: copying them out first is the step that was dropped.
@@ -267,3 +252,18 @@ class LogitsOfLiveTokens:
     def logits(self, hidden, meta):
         live = int(meta.query_start_loc[-1].item())
         return super().logits(hidden[:live], meta)
+
+
+class SamplerOffsetAdvancedInForward:
+    """The draft sampler's random stream is offset by a counter the forward advances itself
+    (`self.rng_offset += 1` after each draw, a Philox offset kept on the host): eager code draws fresh numbers
+    every forward; a graph replays the offset its capture read, and its replays never move the counter."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng_offset = 0
+
+    def sampling_positions(self, drafted_positions, meta):
+        offset = self.rng_offset
+        self.rng_offset += 1
+        return drafted_positions + 7919 * offset
