@@ -66,6 +66,14 @@ def build_random_pair(seed: int = SEED):
     return target, head
 
 
+def pair_on(backend: str, random_pair):
+    """The random pair and the device its engines run on: the shared CPU pair, or a fresh one on CUDA."""
+    if backend == "emulated":
+        return random_pair, "cpu"
+    target, head = build_random_pair()
+    return (target.to("cuda"), head.to("cuda")), "cuda"
+
+
 @pytest.fixture(scope="session")
 def random_pair():
     return build_random_pair()

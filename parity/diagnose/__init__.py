@@ -3,8 +3,8 @@
 1. Localise (`bisector.py`): drive the mode's strict padded reference (eager
    at the mode's padded shapes, its padding poisoned) and a graph engine of the
    same build in lockstep over the same schedule; the first forward whose
-   outputs (logits, draft tokens, draft hidden states, KV cache) differ by a
-   single bit is the divergence. Target outputs are also re-checked at the end
+   outputs (everything it returns, every buffer it writes, the KV cache)
+   differ by a single bit is the divergence. Target outputs are also re-checked at the end
    of every step, so a drafter replay that overwrites them (a shared pool) is
    caught (`pool.py`).
 2. Audit that forward (`audit.py`): the graph's capture manifest against the

@@ -7,8 +7,8 @@ import dataclasses
 import torch
 
 from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, SHORT_BUFFER, UNEXPLAINED
-from parity.diagnose import (capture_error, descriptor, experiments, lifetime, padding, pool, readset, recapture,
-                             reproducible)
+from parity.diagnose import (capture_error, descriptor, experiments, host_moves, lifetime, padding, pool, readset,
+                             recapture, reproducible)
 from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
@@ -136,10 +136,14 @@ class Bisector:
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
         dispatch = ev_g.dispatch
         where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}
+        moves = host_moves.moved_by(snaps, ref, ev_r, graph, ev_g)    # before any re-run restores the pre-state
         if dispatch.runtime_mode == EAGER:
-            return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
-                f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
-                "state left by an earlier graph replay, not a buffer read by this one"], **where)
+            ruled_out = []
+            return host_moves.diagnose(self, graph, ev_g, snaps, out_r, moves, ruled_out, **where) or self.diagnosis(
+                UNEXPLAINED, [], ev_g, evidence=[
+                    f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
+                    "state left by an earlier graph replay, not a buffer read by this one"], ruled_out=ruled_out,
+                **where)
         executor = executor_of(graph, ev_g.owner)
         entry = executor.entry(dispatch)
         where["graph_info"] = {"runtime_mode": dispatch.runtime_mode, "num_tokens": dispatch.num_tokens_padded,
@@ -166,12 +170,17 @@ class Bisector:
             return self.diagnosis(BUFFER_REASSIGNED, [name], ev_g, captured=captured, live=live, evidence=evidence,
                                   experiment=experiment, ruled_out=ruled_out, **where)
         ruled_out += [f"point the reference's metadata {name} back at the persistent buffer" for name in split]
+        found = host_moves.diagnose(self, graph, ev_g, snaps, out_r, moves, ruled_out, entry, **where)
+        if found is not None:
+            found.ruled_out = ruled_out
+            return found
         return recapture.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ruled_out, **where)
 
     # --- what the stages share ------------------------------------------------------------
 
-    def outputs_match(self, graph, ev_g, out_r, logits=None) -> bool:
-        worst, _ = max_diff(out_r, outputs(graph, ev_g, logits))
+    def outputs_match(self, graph, ev_g, out_r, returned=None) -> bool:
+        """Does `ev_g`'s forward now produce the reference's outputs (`returned`: what a re-run returned)?"""
+        worst, _ = max_diff(out_r, outputs(graph, ev_g, returned))
         return worst <= self.tol
 
     def diagnosis(self, kind, buffers, event, rows=(), graph_info=None, max_abs_diff=None, captured=None,

@@ -88,7 +88,7 @@ def _right_graph(bisector, graph, ev_g, snaps, out_r, executor) -> tuple[str, bo
     restore(snaps["graph"])
     bisector.replays += 1
     out = right.replay(ev_g.meta)
-    return experiment, bisector.outputs_match(graph, ev_g, out_r, out[0] if out else None)
+    return experiment, bisector.outputs_match(graph, ev_g, out_r, out)
 
 
 def _captured_now(graph, ev_g, snaps, executor, wanted):

@@ -256,7 +256,7 @@ def pointed_back(bisector, ref, ev_r, ev_g, snaps, entry, out_g, names: list[str
         restore(snaps["ref"])
         bisector.replays += 1
         result = fn(d.num_tokens_padded, d.num_reqs_padded, meta)
-        out = outputs(ref, ev_r, result[0] if result else None)
+        out = outputs(ref, ev_r, result)
         restore(snaps["ref"])
         if max_diff(out, out_g)[0] == 0:
             captured = next(e.address for e in entry.manifest if e.name == name and e.holder == "registry")
@@ -284,7 +284,7 @@ def static_outputs(bisector, graph, ev_g, snaps, out_r, entry):
         if i < len(g.calls):
             call = g.calls[i]
             call.static.copy_(call.attend(ev_g.meta))
-    if not bisector.outputs_match(graph, ev_g, out_r, g.outputs[0] if g.outputs else None):
+    if not bisector.outputs_match(graph, ev_g, out_r, g.outputs):
         return None
     call = g.calls[moved[0]]
     experiment = ("replay the pieces delivering every attention result into the output tensor the next piece "

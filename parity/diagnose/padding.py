@@ -176,7 +176,7 @@ def rerun(bisector, engine, event) -> dict:
     owner = engine.owner(event.owner)
     bisector.replays += 1
     result = owner.executor.execute(event.dispatch, forward_fn(engine, event.owner, event.phase), event.meta)
-    return outputs(engine, event, result[0] if result else None)
+    return outputs(engine, event, result)
 
 
 def free_inputs_that_matter(bisector, engine, event, snap, out_clean) -> list[str]:

@@ -62,7 +62,7 @@ def diagnose(bisector, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ru
         restore(snaps["graph"])
         bisector.replays += 1
         out = g.replay(live_meta)
-        return bisector.outputs_match(graph, ev_g, out_r, out[0] if out else None)
+        return bisector.outputs_match(graph, ev_g, out_r, out)
 
     ruled = list(ruled_out)
     if recaptured_matches({}):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from parity.engine.buffers import BufferSpec
+from parity.graphs import host_state
 from parity.graphs.manager import restore_tensors, snapshot_tensors
 from parity.graphs.manifest import live_object_tensor
 
@@ -50,38 +52,60 @@ def state_tensors(engine) -> list[torch.Tensor]:
 
 
 def snapshot(engine, meta) -> dict:
+    """A forward's pre-state: its tensors, the metadata's, and every owner's host values (a counter the forward
+    advances itself is part of what it starts from)."""
     live = state_tensors(engine)
     meta_tensors = {name: getattr(meta, name) for name in METADATA_FIELDS}
     return {"live": live, "saved": snapshot_tensors(live),
-            "meta": {k: v.clone() for k, v in meta_tensors.items()}, "meta_live": meta_tensors}
+            "meta": {k: v.clone() for k, v in meta_tensors.items()}, "meta_live": meta_tensors,
+            "host": {owner.name: (owner, host_state.host_values(owner)) for owner in engine.owners()}}
 
 
 def restore(snap: dict) -> None:
     restore_tensors(snap["live"], snap["saved"])
     for name, tensor in snap["meta_live"].items():
         tensor.copy_(snap["meta"][name])
+    for owner, values in snap["host"].values():
+        host_state.restore(values, owner)
 
 
-def outputs(engine, event, logits=None) -> dict[str, torch.Tensor]:
-    """What a forward produced, over its real rows only (`logits`: another graph's output)."""
-    n, t = event.num_rows, event.dispatch.num_tokens
-    owner = engine.owner(event.owner)
-    if event.owner == "target":
-        out = {"logits": (event.logits if logits is None else logits)[:t].float().clone()}
-    else:
-        b = owner.buffers
-        j = event.draft_step
-        out = {"draft_tokens": b["draft_tokens"][:n, j].clone(), "draft_logprobs": b["draft_logprobs"][:n, j].clone(),
-               "input_ids": b["input_ids"][:n].clone(), "hidden_states": b["hidden_states"][:n].float().clone()}
+def host_moves(snap: dict, owner: str) -> dict:
+    """{path: (in the snapshot, now)} for the host values of `owner` that moved since `snap` was taken."""
+    holder, values = snap["host"][owner]
+    return host_state.moved(values, holder)
+
+
+def outputs(engine, event, returned=None) -> dict[str, torch.Tensor]:
+    """Everything a forward produced, over its real entries: what it returned (`returned`: what a re-run or
+    another graph returned instead), every buffer it writes (a draft output at its draft step's column), and
+    the KV cache. A divergence is found at the forward that wrote it, not where a later one reads it."""
+    forward = engine.owner(event.owner).forward(event.phase)
+    owner, t = engine.owner(event.owner), event.dispatch.num_tokens
+    out = {}
+    for i, tensor in enumerate(event.returned if returned is None else returned):
+        if isinstance(tensor, torch.Tensor):
+            out[forward.outputs[i] if i < len(forward.outputs) else f"output {i}"] = _real(tensor[:t])
+    for name, index in forward.writes:
+        written = owner.buffers[name][BufferSpec(index).used(t, event.num_rows)]
+        # A draft output: this step's columns so far (this forward's, and the earlier ones this step's forwards
+        # wrote, which it must leave alone); later columns still hold the previous step's drafts.
+        out[name] = _real(written[:, : event.draft_step + 1] if name in forward.step_columns else written)
     for i, tensor in enumerate(owner.kv_cache.tensors()):
         out[f"kv{i}"] = tensor[:-1].float().clone()   # the trash row is padding's sink
     return out
+
+
+def _real(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float().clone() if tensor.is_floating_point() else tensor.clone()
 
 
 def max_diff(a: dict, b: dict) -> tuple[float, list[str]]:
     """The largest difference between two outputs (inf for differing integers) and the names that differ."""
     worst, names = 0.0, []
     for name in a:
+        if name not in b:     # an output the other run did not produce
+            worst, names = float("inf"), names + [name]
+            continue
         x, y = a[name], b[name]
         if x.dtype in (torch.int64, torch.int32):
             d = float("inf") if bool((x != y).any()) else 0.0
@@ -94,10 +118,15 @@ def max_diff(a: dict, b: dict) -> tuple[float, list[str]]:
 
 
 def diff_rows(a: dict, b: dict, tol: float) -> list[int]:
-    for name in ("logits", "hidden_states", "draft_tokens"):
-        if name in a:
-            x, y = a[name].float(), b[name].float()
-            delta = (x - y).abs()
-            per_row = delta.reshape(delta.shape[0], -1).amax(dim=1) if delta.dim() > 1 else delta
-            return [int(i) for i in torch.nonzero(per_row > tol).flatten().tolist()]
+    """The rows past `tol` of the first output that differs: logits, hidden states and draft tokens first, then
+    every other output but the KV cache (whose rows are slots, not the batch's)."""
+    names = [n for n in ("logits", "hidden_states", "draft_tokens") if n in a]
+    for name in names + [n for n in a if n not in names and not n.startswith("kv")]:
+        delta = (a[name].float() - b[name].float()).abs()
+        if not delta.numel():
+            continue
+        per_row = delta.reshape(delta.shape[0], -1).amax(dim=1) if delta.dim() > 1 else delta
+        rows = [int(i) for i in torch.nonzero(per_row > tol).flatten().tolist()]
+        if rows:
+            return rows
     return []

@@ -30,6 +30,9 @@ class Forward:
     # The buffers `fn` writes its results into, each with how the written entries are indexed (a draft
     # step writes the next step's inputs per row into token-indexed buffers).
     writes: tuple[tuple[str, str], ...] = ()
+    # Of those, the buffers ([rows, draft steps, ...]) a draft forward writes one column of: its draft step's
+    # (the earlier columns hold this engine step's earlier drafts, the later ones the previous step's).
+    step_columns: tuple[str, ...] = ()
 
 
 class Owner:

@@ -61,9 +61,9 @@ class EagleProposer(Owner):
     def forwards(self) -> tuple[Forward, ...]:
         q = self.config.num_speculative_tokens + 1
         writes = tuple((name, ROW) for name in ("input_ids", "hidden_states") + DRAFT_OUTPUTS)
-        return (Forward("draft_prefill", self.prefill_forward, self.config.max_num_batched_tokens, q,
-                        writes=writes),
-                Forward("draft_step", self.step_forward, self.config.max_num_seqs, 1, writes=writes))
+        return (Forward("draft_prefill", self.prefill_forward, self.config.max_num_batched_tokens, q, (), writes,
+                        DRAFT_OUTPUTS),
+                Forward("draft_step", self.step_forward, self.config.max_num_seqs, 1, (), writes, DRAFT_OUTPUTS))
 
     def decoder_layers(self) -> list[torch.nn.Module]:
         return list(self.head.decoder_layers())

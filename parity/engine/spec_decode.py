@@ -52,6 +52,7 @@ class ForwardEvent:
     owner: str | None = None   # the owner's name: "target" or "drafter"
     logits: torch.Tensor | None = None   # the verify output (post verify, step_end)
     num_rows: int = 0
+    returned: tuple = ()       # everything the forward returned (post)
 
 
 class RunEvents:
@@ -210,7 +211,8 @@ class SpecDecodeEngine:
         self._forwards += 1
         records.log_forward(step, dispatch, draft_step)
         logits = out[0] if out else None
-        yield ForwardEvent("post", step, index, phase, draft_step, dispatch, meta, owner.name, logits, num_rows)
+        yield ForwardEvent("post", step, index, phase, draft_step, dispatch, meta, owner.name, logits, num_rows,
+                           tuple(out or ()))
         return out
 
     def _finish(self, rows) -> None:

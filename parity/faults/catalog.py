@@ -93,6 +93,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "Megatron-LM #5697", "s005-sampled-drafts", GRAPH_MODES,
           "the draft sampler's random stream is offset by the host draft step: a graph draws the same random "
           "numbers on every replay"),
+    Fault("sampler-offset-advanced", FROZEN_AT_CAPTURE, ("rng_offset",), "EagleProposer.sampling_positions",
+          "issue 28", "s005-sampled-drafts", GRAPH_MODES,
+          "the draft sampler's random stream is offset by a host counter the forward advances itself "
+          "(self.rng_offset += 1): a graph replays the offset of its capture and never moves the counter"),
     Fault("logits-read-next-step", OUTPUT_ALIASED, ("logits",), "Records.read_logits", "SGLang #15399",
           "default", GRAPH_MODES,
           "a step's records are completed while the next step runs, from the target's logits held by reference: "

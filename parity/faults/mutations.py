@@ -259,3 +259,18 @@ class LogitsOfLiveTokens(SeesTargetMeta):
     def logits(self, hidden):
         live = int(self.forward_meta.query_start_loc[-1].item())
         return super().logits(hidden[:live])
+
+
+class SamplerOffsetAdvancedInForward:
+    """The draft sampler's random stream is offset by a counter the forward advances itself
+    (`self.rng_offset += 1` after each draw, a Philox offset kept on the host): eager code draws fresh numbers
+    every forward; a graph replays the offset its capture read, and its replays never move the counter."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng_offset = 0
+
+    def sampling_positions(self, drafted_positions):
+        offset = self.rng_offset
+        self.rng_offset += 1
+        return drafted_positions + 7919 * offset

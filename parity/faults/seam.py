@@ -42,6 +42,7 @@ MUTATIONS: dict[str, Mutation] = {
     "seq-lens-reallocated": Mutation(("target_builder",), m.SeqLensReallocated),
     "input-ids-rebound": Mutation(("target_builder",), m.InputIdsRebound),
     "sampler-offset-frozen": Mutation(("proposer",), m.SamplerOffsetByHostStep),
+    "sampler-offset-advanced": Mutation(("proposer",), m.SamplerOffsetAdvancedInForward),
     "logits-read-next-step": Mutation(("records",), m.LogitsReadNextStep),
     "query-start-loc-one-short": Mutation(("proposer",), m.QueryStartLocOneShort),
     "seq-lens-from-tail": Mutation(BUILDERS, m.SeqLensFromTail),

@@ -23,6 +23,7 @@ from parity.graphs.capture import CapturedGraph, capture
 from parity.graphs.capture_errors import CaptureError, engine_source
 from parity.graphs.descriptor import BatchDescriptor, CapturedFor, Dispatch, WrongGraph
 from parity.graphs.dispatcher import Dispatcher
+from parity.graphs.host_state import host_values, moved
 from parity.graphs.manifest import build_manifest
 from parity.graphs.modes import EAGER, PIECEWISE
 
@@ -40,6 +41,11 @@ class GraphEntry:
     # device memory beyond the plan's): a value the forward read to the host while capturing is baked in,
     # and only these contents can show which.
     captured_contents: dict = dataclasses.field(default_factory=dict)
+    # The owner object's host values as the capture's forward found them (attribute path -> value), and those
+    # the capture's forward moved itself (path -> (before, after)): a replay runs no Python, so it reads the
+    # former forever and never moves the latter.
+    captured_host: dict = dataclasses.field(default_factory=dict)
+    capture_moved: dict = dataclasses.field(default_factory=dict)
 
 
 class GraphExecutor:
@@ -93,7 +99,7 @@ class GraphExecutor:
     def capture_phase(self, phase: str, fn, capture_metadata, max_tokens: int, restore) -> int:
         """Capture every graph `phase` can dispatch to; returns how many. `restore()` puts the buffers and KV
         caches back as they were before any capture (a capture leaves no trace)."""
-        count = 0
+        count, holder = 0, getattr(fn, "__self__", None)
         for runtime, descriptor, num_tokens, num_reqs in self.dispatcher.capture_plan(phase, max_tokens):
             key = self.graph_key(phase, runtime, descriptor)
             if key in self.graphs:
@@ -108,12 +114,13 @@ class GraphExecutor:
                     self.backend.warmup(body)
                     contents = {(r.owner, name): t.to("cpu", copy=True) for r in self.registries
                                 for name, t in r.items() if not t.is_floating_point()}
+                    host = host_values(holder)
                     graph = self._capture(captured_for, num_reqs, body)
             finally:
                 restore()
-            manifest = build_manifest(graph.read_storages, self.registries, meta, getattr(fn, "__self__", None))
+            manifest = build_manifest(graph.read_storages, self.registries, meta, holder)
             self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta), captured_for,
-                                          meta, contents)
+                                          meta, contents, host, moved(host, holder))
             count += 1
         return count
 

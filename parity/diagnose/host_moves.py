@@ -1,0 +1,143 @@
+"""Host state the forward advances itself: a counter, an RNG offset, a step index kept on the owner object.
+
+Eager code moves it at every call (`self.calls += 1`, `self.rng_offset += n`);
+a capture runs the Python once, and a replay runs none: every replay reads
+the value its capture read, and the counter stops. The reference shows it
+directly: the owner's host values before and after the divergent forward
+(`state.snapshot` holds them, `state.restore` puts them back, so re-runs
+start from the same host state) differ at the attribute the forward moved.
+
+Each attribute the reference's forward moved is one variable:
+
+- a graph replay: re-capture the forward (same capture-time metadata, same
+  addresses) from the graph run's pre-state with only that attribute at the
+  reference's value, and replay; the control re-capture with the value the
+  graph was captured with must not restore parity;
+- an eager forward of the graph run (its captures moved the counter, its
+  replays did not, so it starts from another value): re-run it from its
+  pre-state with only that attribute at the reference's value; unchanged, it
+  diverges.
+
+The one that restores bitwise parity is FROZEN_AT_CAPTURE, named by its
+attribute path: a Python value the graph baked at capture, which the forward
+itself advances.
+"""
+
+from __future__ import annotations
+
+from parity.analysis.kinds import FROZEN_AT_CAPTURE
+from parity.diagnose.state import forward_fn, host_moves, restore
+from parity.graphs import host_state
+from parity.graphs.capture import capture
+from parity.graphs.modes import PIECEWISE
+
+
+def moved_by(snaps: dict, ref, ev_r, graph, ev_g) -> dict:
+    """What the divergent forward moved, in each run: {"ref": {path: (before, after)}, "graph": {...}}.
+    Call before anything restores the pre-state (the runs stand just after the forward)."""
+    return {"ref": host_moves(snaps["ref"], ev_r.owner), "graph": host_moves(snaps["graph"], ev_g.owner)}
+
+
+def diagnose(bisector, graph, ev_g, snaps, out_r, moves: dict, ruled_out: list, entry=None, **where):
+    """FROZEN_AT_CAPTURE naming the host value the forward advances itself, or None (each experiment that did
+    not restore parity added to `ruled_out`). `entry`: the graph the forward replayed (None: the graph run ran
+    it eagerly)."""
+    holder, graph_pre = snaps["graph"]["host"][ev_g.owner]
+    executor = graph.owner(ev_g.owner).executor
+    for path, (ref_before, ref_after) in moves["ref"].items():
+        if path not in graph_pre:
+            continue
+        name = host_state.name(path)
+        if entry is None:
+            found = _eager(bisector, graph, ev_g, snaps, out_r, executor, holder, path, ref_before)
+        else:
+            found = _replayed(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, ref_before)
+        if found is False:
+            ruled_out.append(f"{'re-run' if entry is None else 're-capture'} with the reference's value of {name}, "
+                             "which the forward advances itself")
+        if not found:
+            continue
+        experiment, control = found
+        evidence = [f"{name}: advanced by the forward itself: the reference's forward moved it "
+                    f"{_short(ref_before)} -> {_short(ref_after)}",
+                    _graph_side(name, path, graph_pre[path], moves["graph"], entry, executor),
+                    f"{experiment}: the forward's outputs equal the padded reference's bit for bit; {control}"]
+        return bisector.diagnosis(FROZEN_AT_CAPTURE, [name], ev_g, evidence=evidence, experiment=experiment,
+                                  **where)
+    return None
+
+
+def _replayed(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, value):
+    """(experiment, control) when a re-capture with `path` at `value` restores parity and one with the captured
+    value does not; None when the graph was captured with `value`; False when the experiment failed."""
+    baked = entry.captured_host.get(path, snaps["graph"]["host"][ev_g.owner][1][path])
+    if host_state.same(baked, value):
+        return None
+    if not _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, value):
+        return False
+    if _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, baked):
+        return False     # any fresh capture restores parity: the value is not what differs
+    name = host_state.name(path)
+    return (f"re-capture with {name} at the reference's value {_short(value)} (same addresses, one host value "
+            "changed)", f"the control re-capture with the value it was captured with ({_short(baked)}) does not")
+
+
+def _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, value) -> bool:
+    d = ev_g.dispatch
+    fn = forward_fn(graph, ev_g.owner, ev_g.phase)
+    restore(snaps["graph"])
+    if not host_state.put(holder, path, value):
+        return False
+    try:
+        g = capture(executor.backend, executor.backend.new_pool("bisect"),
+                    lambda: fn(d.num_tokens_padded, d.num_reqs_padded, entry.capture_meta),
+                    piecewise=d.runtime_mode == PIECEWISE, weak_outputs=False)
+    except (RuntimeError, IndexError, ValueError):      # the forward cannot be captured on this value
+        restore(snaps["graph"])
+        return False
+    restore(snaps["graph"])
+    bisector.replays += 1
+    return bisector.outputs_match(graph, ev_g, out_r, g.replay(ev_g.meta))
+
+
+def _eager(bisector, graph, ev_g, snaps, out_r, executor, holder, path, value):
+    """(experiment, control) when re-running the eager forward with `path` at `value` restores parity; None
+    when the graph run's value is the reference's already; False when the experiment failed."""
+    if host_state.same(snaps["graph"]["host"][ev_g.owner][1][path], value):
+        return None
+    restore(snaps["graph"])
+    matched = host_state.put(holder, path, value) and _rerun_matches(bisector, graph, ev_g, out_r, executor)
+    restore(snaps["graph"])
+    if not matched or _rerun_matches(bisector, graph, ev_g, out_r, executor):    # the control: unchanged
+        restore(snaps["graph"])
+        return False
+    restore(snaps["graph"])
+    name = host_state.name(path)
+    return (f"re-run the forward from the graph run's pre-state with only {name} at the reference's value "
+            f"{_short(value)}", "the control re-run from the unchanged pre-state does not")
+
+
+def _rerun_matches(bisector, graph, ev_g, out_r, executor) -> bool:
+    bisector.replays += 1
+    result = executor.execute(ev_g.dispatch, forward_fn(graph, ev_g.owner, ev_g.phase), ev_g.meta)
+    return bisector.outputs_match(graph, ev_g, out_r, result)
+
+
+def _graph_side(name, path, before, graph_moves, entry, executor) -> str:
+    """What the graph run did with the value: its replay left it alone, its captures moved it."""
+    if entry is not None:
+        text = (f"the graph run's replay left it at {_short(before)}" if path not in graph_moves else
+                f"the graph run moved it {_short(graph_moves[path][0])} -> {_short(graph_moves[path][1])}")
+        text += f"; the graph was captured with {_short(entry.captured_host.get(path, '?'))}"
+        if path in entry.capture_moved:
+            a, b = entry.capture_moved[path]
+            text += f" (its capture moved it {_short(a)} -> {_short(b)}: a replay runs no Python)"
+        return text
+    captures = sum(path in e.capture_moved for e in getattr(executor, "graphs", {}).values())
+    return (f"this forward runs eagerly in the graph run, where it started at {_short(before)}; "
+            f"{captures} of the owner's captures moved it, and replays never do")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
