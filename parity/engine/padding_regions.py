@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.engine.buffers import FREE, INERT, NUM_TOKENS, BufferSpec, InputBuffers, fill_like_live
+from parity.graphs.host_state import host_values, restore as restore_host
 
 
 @dataclass
@@ -63,9 +64,11 @@ def move_inert(tensor: torch.Tensor, spec, dispatch, salt: int) -> None:
 
 
 class PreState:
-    """What a probed forward may change, saved before it: every buffer, and the KV rows its slots name."""
+    """What a probed forward may change, saved before it: every buffer, the KV rows its slots name, and the
+    owner's host values (a counter the forward advances itself must start each re-run where it started)."""
 
     def __init__(self, owner, dispatch):
+        self.owner, self.host = owner, host_values(owner)
         self.buffers = [(t, t.clone()) for _, t in owner.buffers.items()]
         caches = owner.kv_cache.tensors()
         slots = owner.buffers["slot_mapping"][: dispatch.num_tokens_padded]
@@ -79,6 +82,7 @@ class PreState:
             live.copy_(saved)
         for cache, saved in self.kv:
             cache.index_copy_(0, self.rows, saved)
+        restore_host(self.host, self.owner)
 
 
 def off_contract(buffers: InputBuffers, dispatch) -> dict[str, tuple[int, int]]:
