@@ -21,6 +21,7 @@ from parity.diagnose.state import outputs
 from parity.engine.parts import EngineParts
 from parity.engine.proposer import DRAFT_OUTPUTS, EagleProposer
 from parity.engine.spec_decode import SpecDecodeEngine
+from parity.faults.peek import SeesDraftMeta
 from parity.graphs.policy import CapturePolicy
 from tests.conftest import engine_config, make_specs, pair_on
 
@@ -44,14 +45,14 @@ def test_each_forward_s_outputs_are_what_it_returns_and_every_buffer_it_writes(r
     assert step["draft_tokens"].shape == (step["rows"], 2) and step["draft_probs"].shape == (step["rows"], 2, vocab)
 
 
-class ProbsAtHostColumn(EagleProposer):
+class ProbsAtHostColumn(SeesDraftMeta, EagleProposer):
     """The draft probabilities are written again at the column of the host draft step index (right in eager code,
     where it equals the device's; baked at capture in a graph, whose replays overwrite an earlier column)."""
 
-    def _emit(self, n, row_hidden, drafted_positions, meta):
-        super()._emit(n, row_hidden, drafted_positions, meta)
-        probs = torch.softmax(self.draft_logits(row_hidden, meta) / self.config.temperature, dim=-1)
-        self.buffers["draft_probs"][:n, meta.draft_step].copy_(probs)
+    def _emit(self, n, row_hidden, drafted_positions):
+        super()._emit(n, row_hidden, drafted_positions)
+        probs = torch.softmax(self.draft_logits(row_hidden) / self.config.temperature, dim=-1)
+        self.buffers["draft_probs"][:n, self.forward_meta.draft_step].copy_(probs)
 
 
 @pytest.mark.parametrize("backend", ["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])

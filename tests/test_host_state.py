@@ -81,9 +81,9 @@ class ScheduledTarget(TargetRunner):
         super().__init__(*args, **kwargs)
         self.schedule = SimpleNamespace(step=0)
 
-    def logits(self, hidden, meta):
+    def logits(self, hidden):
         self.schedule.step += 1
-        return super().logits(hidden, meta) + 1e-3 * self.schedule.step
+        return super().logits(hidden) + 1e-3 * self.schedule.step
 
 
 @pytest.mark.parametrize("backend", ["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
