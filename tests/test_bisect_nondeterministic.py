@@ -32,6 +32,7 @@ def clamped_rows(cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tenso
 
 
 def test_racing_padded_kv_writes_are_a_padding_leak_not_a_guess(monkeypatch):
+    torch.manual_seed(0)     # the race's write orders: the same whatever ran before in this worker
     monkeypatch.setattr(paged_attention, "write_kv", racy_write_kv)
     monkeypatch.setattr(paged_attention, "_cache_rows", clamped_rows)
     outcome = run_session(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", ("eager", "full"), "emulated"))
