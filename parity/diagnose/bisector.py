@@ -6,17 +6,18 @@ import dataclasses
 
 import torch
 
-from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, SHORT_BUFFER, UNEXPLAINED
-from parity.diagnose import (capture_error, descriptor, experiments, host_moves, lifetime, padding, pool, readset,
+from parity.analysis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
+from parity.diagnose import (capture_error, descriptor, experiments, host_moves, lifetime, padding, pool, rebound,
                              recapture, reproducible)
-from parity.diagnose.explain import explain
 from parity.diagnose.diagnosis import Diagnosis
-from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
+from parity.diagnose.lab import Divergence, run_stages
+from parity.diagnose.state import diff_rows, max_diff, outputs, snapshot
 from parity.engine.spec_decode import RunEvents
 from parity.graphs.capacity import ShortBuffers
 from parity.graphs.capture_errors import CaptureError
 from parity.graphs.descriptor import WrongGraph
 from parity.graphs.factory import install_graphs, install_padded_reference
+from parity.graphs.manager import GraphExecutor
 from parity.graphs.modes import EAGER
 from parity.graphs.policy import CapturePolicy
 
@@ -96,7 +97,11 @@ class Bisector:
             except StopIteration:
                 break
             except WrongGraph as wrong:    # the replay check stopped the graph run before the graph ran
-                return descriptor.stopped(self, graph, pre, snaps, outputs(ref, ev_r), wrong)
+                lab = self.divergence(ref, graph, ev_r, pre, snaps, outputs(ref, ev_r), {})
+                found = descriptor.stopped(lab, wrong)
+                self.replays += lab.replays
+                found.replays = self.replays
+                return found
             if (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase, ev_g.draft_step):
                 return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
                     "the two runs' schedules parted without a forward's outputs differing first"])
@@ -134,54 +139,30 @@ class Bisector:
     matched = "graphs and their padded reference"
 
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
-        dispatch = ev_g.dispatch
-        where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}
-        moves = host_moves.moved_by(snaps, ref, ev_r, graph, ev_g)    # before any re-run restores the pre-state
-        if dispatch.runtime_mode == EAGER:
-            ruled_out = []
-            return host_moves.diagnose(self, graph, ev_g, snaps, out_r, moves, ruled_out, **where) or self.diagnosis(
-                UNEXPLAINED, [], ev_g, evidence=[
-                    f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
-                    "state left by an earlier graph replay, not a buffer read by this one"], ruled_out=ruled_out,
-                **where)
-        executor = executor_of(graph, ev_g.owner)
-        entry = executor.entry(dispatch)
-        where["graph_info"] = {"runtime_mode": dispatch.runtime_mode, "num_tokens": dispatch.num_tokens_padded,
-                          "num_reqs": dispatch.num_reqs_padded,
-                          # the weights it read are counted, not listed (hundreds at 8B)
-                          "manifest": [e.as_dict() for e in entry.manifest if not _weight(e)],
-                          "weights_read": sum(_weight(e) for e in entry.manifest)}
-        unstable = reproducible.check(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, **where)
-        if unstable is not None:
-            return unstable
-        if descriptor.shape_differs(dispatch, entry):
-            return descriptor.diagnose(self, ev_g, entry, **where)
-        reads = readset.reference_reads(self, ref, ev_r, snaps["ref"])
-        repairs = experiments.candidates(ref, graph, ev_r, ev_g, snaps, entry, set(reads))
-        culprits, others = experiments.confirm(self, graph, ev_g, snaps, out_r, repairs)
-        if culprits:
-            return explain(self, graph, ev_g, culprits, others, repairs, **where)
-        ruled_out = [r.experiment for r in repairs] or ["no tensor the reference reads differs from what the graph read"]
-        split = experiments.split_roles(ref, ev_r, ev_g, entry, reads)
-        found = (experiments.static_outputs(self, graph, ev_g, snaps, out_r, entry)
-                 or experiments.pointed_back(self, ref, ev_r, ev_g, snaps, entry, out_g, split))
-        if found is not None:
-            name, captured, live, experiment, evidence = found
-            return self.diagnosis(BUFFER_REASSIGNED, [name], ev_g, captured=captured, live=live, evidence=evidence,
-                                  experiment=experiment, ruled_out=ruled_out, **where)
-        ruled_out += [f"point the reference's metadata {name} back at the persistent buffer" for name in split]
-        found = host_moves.diagnose(self, graph, ev_g, snaps, out_r, moves, ruled_out, entry, **where)
-        if found is not None:
-            found.ruled_out = ruled_out
-            return found
-        return recapture.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ruled_out, **where)
+        lab = self.divergence(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst)
+        if lab.entry is None:
+            found = run_stages(lab, EAGER_STAGES) or lab.diagnosis(UNEXPLAINED, [], evidence=[
+                f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
+                "state left by an earlier graph replay, not a buffer read by this one"])
+        else:
+            found = run_stages(lab, GRAPH_STAGES)
+        self.replays += lab.replays
+        found.replays = self.replays
+        return found
+
+    def divergence(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst=None) -> Divergence:
+        """The forward at which the two runs part, as the stages take it (call it before anything re-runs a
+        forward: the runs stand just after it, so what it moved on the host is still to be seen)."""
+        where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst} if worst is not None else {}
+        lab = Divergence(self.mode, ref, graph, ev_r, ev_g, snaps, out_r, out_g, where, tol=self.tol)
+        if ev_g.kind != "pre":
+            lab.moves = host_moves.moved_by(snaps, ref, ev_r, graph, ev_g)
+        if ev_g.kind != "pre" and ev_g.dispatch.runtime_mode != EAGER and isinstance(lab.executor, GraphExecutor):
+            lab.entry = lab.executor.entry(ev_g.dispatch)
+            lab.where["graph"] = _graph_info(ev_g.dispatch, lab.entry)
+        return lab
 
     # --- what the stages share ------------------------------------------------------------
-
-    def outputs_match(self, graph, ev_g, out_r, returned=None) -> bool:
-        """Does `ev_g`'s forward now produce the reference's outputs (`returned`: what a re-run returned)?"""
-        worst, _ = max_diff(out_r, outputs(graph, ev_g, returned))
-        return worst <= self.tol
 
     def diagnosis(self, kind, buffers, event, rows=(), graph_info=None, max_abs_diff=None, captured=None,
                   live=None, evidence=(), experiment=None, ruled_out=(), also=()) -> Diagnosis:
@@ -201,8 +182,25 @@ class PaddingBisector(Bisector):
         return None     # both runs are references: their outputs are fresh tensors
 
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
-        where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst}
-        return padding.diagnose(self, ref, graph, ev_r, ev_g, snaps, out_r, **where)
+        lab = self.divergence(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst)
+        found = padding.stage(lab)
+        self.replays += lab.replays
+        found.replays = self.replays
+        return found
+
+
+# The stages a divergent forward goes through, in order; the first diagnosis stands. The last always gives one.
+GRAPH_STAGES = (reproducible.stage, descriptor.stage, experiments.stage, rebound.piecewise_outputs,
+                rebound.pointed_back, host_moves.stage, recapture.stage)
+EAGER_STAGES = (host_moves.stage,)
+
+
+def _graph_info(dispatch, entry) -> dict:
+    return {"runtime_mode": dispatch.runtime_mode, "num_tokens": dispatch.num_tokens_padded,
+            "num_reqs": dispatch.num_reqs_padded,
+            # the weights it read are counted, not listed (hundreds at 8B)
+            "manifest": [e.as_dict() for e in entry.manifest if not _weight(e)],
+            "weights_read": sum(_weight(e) for e in entry.manifest)}
 
 
 def _weight(entry) -> bool:

@@ -21,7 +21,9 @@ at the divergent forward (`diagnose`).
 from __future__ import annotations
 
 from parity.analysis.kinds import DESCRIPTOR_MISMATCH, WRONG_GRAPH
-from parity.diagnose.state import executor_of, forward_fn, restore
+from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnose.lab import Divergence
+from parity.diagnose.state import forward_fn
 from parity.graphs.capture import capture
 from parity.graphs.modes import PIECEWISE
 
@@ -35,32 +37,34 @@ def kind_of(fields: list[str]) -> str:
     return WRONG_GRAPH if set(fields) - {"descriptor"} else DESCRIPTOR_MISMATCH
 
 
-def diagnose(bisector, ev_g, entry, **where):
+def stage(lab: Divergence) -> Diagnosis | None:
     """DESCRIPTOR_MISMATCH when the dispatcher's own descriptor names a graph of another shape than the batch it
     padded (the graph is the one captured for the key: the replay check passed)."""
-    d = ev_g.dispatch
+    d, entry = lab.dispatch, lab.entry
+    if not shape_differs(d, entry):
+        return None
     evidence = [f"the batch was padded to {d.num_tokens_padded} tokens x {d.num_reqs_padded} rows, but its "
                 f"descriptor names the graph captured for {entry.num_tokens} tokens x {entry.num_reqs} rows: "
                 "rows beyond the batch are read from whatever the buffers held"]
-    return bisector.diagnosis(DESCRIPTOR_MISMATCH, ["descriptor"], ev_g, evidence=evidence,
-                              experiment="compare the batch's padded shape with its graph's capture shape", **where)
+    return lab.diagnosis(DESCRIPTOR_MISMATCH, ["descriptor"], evidence=evidence,
+                         experiment="compare the batch's padded shape with its graph's capture shape")
 
 
-def stopped(bisector, graph, ev_g, snaps, out_r, wrong):
-    """The diagnosis of a graph run the replay check stopped (`WrongGraph`) at the forward `ev_g` (its pre
-    event: nothing replayed yet), with the reference's outputs `out_r` of that forward."""
-    executor = executor_of(graph, ev_g.owner)
+def stopped(lab: Divergence, wrong) -> Diagnosis:
+    """The diagnosis of a graph run the replay check stopped (`WrongGraph`) at the lab's forward (its pre
+    event in the graph run: nothing replayed yet; the reference's outputs of that forward)."""
+    ev_g, executor = lab.ev_g, lab.executor
     fields = wrong.replayed.differing(wrong.wanted)
-    experiment, restored = _right_graph(bisector, graph, ev_g, snaps, out_r, executor)
+    experiment, restored = _right_graph(lab)
     evidence = _evidence(ev_g, wrong.replayed, executor, fields, experiment if restored else None)
     if not restored:
         evidence.append(f"{experiment}: parity is not restored either; another difference remains")
     d = ev_g.dispatch
-    return bisector.diagnosis(kind_of(fields), fields, ev_g, evidence=evidence,
-                              experiment=experiment if restored else "the replay check: what the graph found was "
-                              "captured for against what the dispatch asked for",
-                              graph_info={"runtime_mode": d.runtime_mode, "num_tokens": d.num_tokens_padded,
-                                          "num_reqs": d.num_reqs_padded})
+    return lab.diagnosis(kind_of(fields), fields, evidence=evidence,
+                         experiment=experiment if restored else "the replay check: what the graph found was "
+                         "captured for against what the dispatch asked for",
+                         graph={"runtime_mode": d.runtime_mode, "num_tokens": d.num_tokens_padded,
+                                "num_reqs": d.num_reqs_padded})
 
 
 def _evidence(ev_g, replayed, executor, fields, experiment) -> list[str]:
@@ -73,34 +77,34 @@ def _evidence(ev_g, replayed, executor, fields, experiment) -> list[str]:
     return found
 
 
-def _right_graph(bisector, graph, ev_g, snaps, out_r, executor) -> tuple[str, bool]:
+def _right_graph(lab: Divergence) -> tuple[str, bool]:
     """Replay a graph captured for the dispatched key on the forward's pre-state: (the experiment, whether its
     outputs equal the reference's bit for bit)."""
-    wanted = executor.wanted(ev_g.dispatch)
+    executor = lab.executor
+    wanted = executor.wanted(lab.dispatch)
     right = next((e.graph for e in executor.graphs.values() if e.captured_for == wanted), None)
     if right is not None:
         experiment = f"replay the {wanted.describe()} instead of the graph the lookup found"
     else:
-        right = _captured_now(graph, ev_g, snaps, executor, wanted)
+        right = _captured_now(lab, wanted)
         experiment = f"capture the {wanted.describe()} now (none was captured for it) and replay it instead"
     if right is None:
         return experiment, False
-    restore(snaps["graph"])
-    bisector.replays += 1
-    out = right.replay(ev_g.meta)
-    return experiment, bisector.outputs_match(graph, ev_g, out_r, out)
+    lab.restore()
+    lab.replays += 1
+    return experiment, lab.matches(right.replay(lab.ev_g.meta))
 
 
-def _captured_now(graph, ev_g, snaps, executor, wanted):
+def _captured_now(lab: Divergence, wanted):
     """A graph of the dispatched phase's forward captured at the dispatched shape on the live metadata."""
-    d = ev_g.dispatch
-    fn = forward_fn(graph, ev_g.owner, wanted.phase)
-    restore(snaps["graph"])
+    d, backend = lab.dispatch, lab.executor.backend
+    fn = forward_fn(lab.graph, lab.ev_g.owner, wanted.phase)
+    lab.restore()
     try:
-        return capture(executor.backend, executor.backend.new_pool("bisect"),
-                       lambda: fn(d.num_tokens_padded, d.num_reqs_padded, ev_g.meta),
+        return capture(backend, backend.new_pool("bisect"),
+                       lambda: fn(d.num_tokens_padded, d.num_reqs_padded, lab.ev_g.meta),
                        piecewise=wanted.runtime_mode == PIECEWISE, weak_outputs=False)
     except (RuntimeError, IndexError, ValueError):    # the forward cannot be captured here: no experiment
         return None
     finally:
-        restore(snaps["graph"])
+        lab.restore()

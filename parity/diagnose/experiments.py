@@ -31,34 +31,23 @@ experiment that fits what the addresses say:
 Every repair is tried alone (one variable); when none restores bitwise parity
 alone, all together and then delta debugging find the smallest set.
 
-When no repair of the graph restores parity, the experiment runs the other
-way (`pointed_back`): a role the reference reads through the metadata object
-at a tensor the persistent buffer does not share, while the graph read the
-persistent buffer, is pointed back at that buffer in a re-run of the
-reference. If the reference then produces the graph's outputs bit for bit,
-that one rebinding is the difference: BUFFER_REASSIGNED (who: metadata
-object). This covers a role read through two holders (RoPE from the registry,
-attention from the metadata), where copying values into the captured buffer
-would also change the reads that were right.
-
-A PIECEWISE graph has holders of its own: each eager attention call's output,
-which the next piece reads at the address it had at capture. When a call's
-output no longer is that tensor after a replay, `static_outputs` replays the
-pieces once more delivering every attention result into the captured output:
-if that restores parity, the output was rebound (BUFFER_REASSIGNED
-attention_output, who: the piecewise replay).
+When no repair restores parity, the stage adds every repair it tried to the
+lab's `ruled_out`, and the next stages (`rebound.py`, `host_moves.py`,
+`recapture.py`) go on.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from parity.analysis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
 from parity.diagnose.delta_debug import ddmin
-from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, registry_of, restore
+from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnose.lab import Divergence
+from parity.diagnose.readset import reference_reads
+from parity.diagnose.state import registry_of
 from parity.graphs.manifest import live_object_tensor
 
 # The most specific first: a repair that names where the live values went beats one that only refreshes.
@@ -85,8 +74,21 @@ def _spec(registry, name):
     return registry.spec(name) if name in registry else None
 
 
-def candidates(ref, graph, ev_r, ev_g, snaps, entry, read_by_reference: set[str]) -> list[Repair]:
+def stage(lab: Divergence) -> Diagnosis | None:
+    """The repair that restores bitwise parity, named; None (its repairs ruled out) when none does."""
+    reads = reference_reads(lab)
+    repairs = candidates(lab, set(reads))
+    culprits, others = confirm(lab, repairs)
+    if culprits:
+        return explain(lab, culprits, others, repairs)
+    lab.ruled_out += [r.experiment for r in repairs] or [
+        "no tensor the reference reads differs from what the graph read"]
+    return None
+
+
+def candidates(lab: Divergence, read_by_reference: set[str]) -> list[Repair]:
     """Every repair the addresses and values at this forward suggest, most specific kind per role."""
+    ref, graph, ev_r, ev_g, snaps, entry = lab.ref, lab.graph, lab.ev_r, lab.ev_g, lab.snaps, lab.entry
     registry = registry_of(graph, ev_g.owner)
     ref_registry = registry_of(ref, ev_r.owner)
     graph_state = dict(zip([id(t) for t in snaps["graph"]["live"]], snaps["graph"]["saved"]))
@@ -189,15 +191,14 @@ def _padding_repairs(registry, ev_g, graph_state) -> list[Repair]:
     return found
 
 
-def confirm(bisector, graph, ev_g, snaps, out_r, repairs: list[Repair]) -> tuple[list[Repair], list[Repair]]:
+def confirm(lab: Divergence, repairs: list[Repair]) -> tuple[list[Repair], list[Repair]]:
     """(culprits, others that alone also restore parity); ([], []) when nothing restores it.
 
     The capture context is one variable: every read the graph took from the
     capture-time metadata object is redirected together, as one experiment;
     so is the KV cache (all its tensors).
     """
-    executor = executor_of(graph, ev_g.owner)
-    fn = forward_fn(graph, ev_g.owner, ev_g.phase)
+    executor, fn, ev_g = lab.executor, lab.forward(), lab.ev_g
     # NOTE: a repair may write a tensor outside the engine's snapshot (a capture-time
     # placeholder, a replaced KV tensor): its region is saved here and put back before every experiment.
     originals = [(r.tensor, r.region, r.tensor[r.region].clone()) for r in repairs]
@@ -207,19 +208,19 @@ def confirm(bisector, graph, ev_g, snaps, out_r, repairs: list[Repair]) -> tuple
     units += [unit for unit in together.values() if unit]
 
     def replay_with(chosen) -> bool:
-        restore(snaps["graph"])
+        lab.restore()
         for tensor, region, value in originals:
             tensor[region].copy_(value)
         for unit in chosen:
             for r in unit:
                 r.tensor[r.region].copy_(r.value)
-        bisector.replays += 1
+        lab.replays += 1
         executor.execute(ev_g.dispatch, fn, ev_g.meta)
         for unit in chosen:
             for r in unit:
                 if r.live_tensor is not None:
                     r.live_tensor[r.region].copy_(r.tensor[r.region])
-        return bisector.outputs_match(graph, ev_g, out_r)
+        return lab.matches()
 
     if not units or not replay_with(units):
         return [], []
@@ -231,65 +232,26 @@ def confirm(bisector, graph, ev_g, snaps, out_r, repairs: list[Repair]) -> tuple
     return [r for u in ddmin(units, replay_with) for r in u], []
 
 
-def split_roles(ref, ev_r, ev_g, entry, reads: dict[str, set[str]]) -> list[str]:
-    """Roles the reference reads through the metadata object at a tensor its persistent buffer does not share,
-    where the graph read the persistent buffer."""
-    registry = registry_of(ref, ev_r.owner)
-    from_registry = {e.name for e in entry.manifest if e.holder == "registry"}
-    return [name for name, holders in sorted(reads.items())
-            if "metadata object" in holders and name in registry and name in from_registry
-            and isinstance(getattr(ev_g.meta, name, None), torch.Tensor)]
-
-
-def pointed_back(bisector, ref, ev_r, ev_g, snaps, entry, out_g, names: list[str]):
-    """(role, captured, live, experiment, evidence) of the first role whose metadata tensor, pointed back at
-    the persistent buffer in a re-run of the reference, makes it produce the graph's outputs bit for bit."""
-    registry = registry_of(ref, ev_r.owner)
-    fn = forward_fn(ref, ev_r.owner, ev_r.phase)
-    d = ev_r.dispatch
-    for name in names:
-        field = getattr(ev_r.meta, name)
-        buffer = registry[name]
-        if buffer.dim() != field.dim() or buffer.shape[0] < field.shape[0] or buffer.shape[1:] != field.shape[1:]:
-            continue
-        meta = dataclasses.replace(ev_r.meta, **{name: buffer[: field.shape[0]]})
-        restore(snaps["ref"])
-        bisector.replays += 1
-        result = fn(d.num_tokens_padded, d.num_reqs_padded, meta)
-        out = outputs(ref, ev_r, result)
-        restore(snaps["ref"])
-        if max_diff(out, out_g)[0] == 0:
-            captured = next(e.address for e in entry.manifest if e.name == name and e.holder == "registry")
-            live = getattr(ev_g.meta, name).data_ptr()
-            experiment = (f"re-run the reference with the metadata's {name} pointed back at the persistent buffer "
-                          "the graph captured: it produces the graph's outputs bit for bit")
-            evidence = [f"buffer_reassigned: {name} (metadata object), captured {captured:#x}, live {live:#x}: "
-                        "the metadata object rebound it to a fresh tensor; the persistent buffer the graph reads "
-                        "kept its old values", experiment]
-            return name, captured, live, experiment, evidence
-    return None
-
-
-def static_outputs(bisector, graph, ev_g, snaps, out_r, entry):
-    """(role, captured, live, experiment, evidence) when a PIECEWISE graph's attention outputs were rebound
-    and delivering them into the captured tensors restores bitwise parity; None otherwise."""
-    g = entry.graph
-    moved = [i for i, call in enumerate(g.calls) if call.static is not None and call.out is not call.static]
-    if not moved:
-        return None
-    restore(snaps["graph"])
-    bisector.replays += 1
-    for i, segment in enumerate(g.segments):
-        segment.replay()
-        if i < len(g.calls):
-            call = g.calls[i]
-            call.static.copy_(call.attend(ev_g.meta))
-    if not bisector.outputs_match(graph, ev_g, out_r, g.outputs):
-        return None
-    call = g.calls[moved[0]]
-    experiment = ("replay the pieces delivering every attention result into the output tensor the next piece "
-                  "captured: replaying restores bitwise parity with the padded reference")
-    evidence = [f"buffer_reassigned: attention_output (piecewise replay), captured {call.static.data_ptr():#x}, "
-                f"live {call.out.data_ptr():#x}: {len(moved)} of {len(g.calls)} attention calls hold a new output "
-                "tensor after the replay; the next piece reads the captured one", experiment]
-    return "attention_output", call.static.data_ptr(), call.out.data_ptr(), experiment, evidence
+def explain(lab: Divergence, culprits, others, tried) -> Diagnosis:
+    """Kind of the most specific culprit, every culprit's role, the experiment, what was ruled out."""
+    culprits = sorted(culprits, key=lambda r: SPECIFICITY.index(r.kind))
+    kind = culprits[0].kind
+    names = sorted({r.name for r in culprits})
+    first = culprits[0]
+    evidence = []
+    for r in culprits:
+        line = f"{r.kind.lower()}: {r.name} ({r.holder})"
+        if r.captured is not None and r.live is not None and r.captured != r.live:
+            line += f", captured {r.captured:#x}, live {r.live:#x}"
+        evidence.append(line + (f": {r.note}" if r.note else ""))
+    if kind == CAPTURE_CONTEXT:
+        experiment = f"redirect every read of the capture-time metadata ({', '.join(names)}) to the live metadata"
+    else:
+        experiment = "; ".join(r.experiment for r in culprits) + (
+            " (together: no single repair restores parity)" if len(culprits) > 1 else "")
+    evidence.append(f"{experiment}: replaying restores bitwise parity with the padded reference")
+    also = [f"{r.experiment} also restores parity ({r.kind}, less specific)" for r in others]
+    chosen = {id(r) for r in culprits} | {id(r) for r in others}
+    ruled_out = lab.ruled_out + [r.experiment for r in tried if id(r) not in chosen]
+    return lab.diagnosis(kind, names, captured=first.captured, live=first.live, evidence=evidence,
+                         experiment=experiment, ruled_out=ruled_out, also=also)

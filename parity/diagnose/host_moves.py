@@ -26,7 +26,9 @@ itself advances.
 from __future__ import annotations
 
 from parity.analysis.kinds import FROZEN_AT_CAPTURE
-from parity.diagnose.state import forward_fn, host_moves, restore
+from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnose.lab import Divergence
+from parity.diagnose.state import host_moves
 from parity.graphs import host_state
 from parity.graphs.capture import capture
 from parity.graphs.modes import PIECEWISE
@@ -38,22 +40,20 @@ def moved_by(snaps: dict, ref, ev_r, graph, ev_g) -> dict:
     return {"ref": host_moves(snaps["ref"], ev_r.owner), "graph": host_moves(snaps["graph"], ev_g.owner)}
 
 
-def diagnose(bisector, graph, ev_g, snaps, out_r, moves: dict, ruled_out: list, entry=None, **where):
+def stage(lab: Divergence) -> Diagnosis | None:
     """FROZEN_AT_CAPTURE naming the host value the forward advances itself, or None (each experiment that did
-    not restore parity added to `ruled_out`). `entry`: the graph the forward replayed (None: the graph run ran
-    it eagerly)."""
-    holder, graph_pre = snaps["graph"]["host"][ev_g.owner]
-    executor = graph.owner(ev_g.owner).executor
+    not restore parity added to `lab.ruled_out`), whether the graph run replayed the forward (`lab.entry`) or
+    ran it eagerly."""
+    holder, graph_pre = lab.snaps["graph"]["host"][lab.ev_g.owner]
+    entry, executor, moves = lab.entry, lab.executor, lab.moves
     for path, (ref_before, ref_after) in moves["ref"].items():
         if path not in graph_pre:
             continue
         name = host_state.name(path)
-        if entry is None:
-            found = _eager(bisector, graph, ev_g, snaps, out_r, executor, holder, path, ref_before)
-        else:
-            found = _replayed(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, ref_before)
+        found = (_eager(lab, holder, path, ref_before) if entry is None
+                 else _replayed(lab, holder, path, ref_before))
         if found is False:
-            ruled_out.append(f"{'re-run' if entry is None else 're-capture'} with the reference's value of {name}, "
+            lab.ruled_out.append(f"{'re-run' if entry is None else 're-capture'} with the reference's value of {name}, "
                              "which the forward advances itself")
         if not found:
             continue
@@ -62,65 +62,62 @@ def diagnose(bisector, graph, ev_g, snaps, out_r, moves: dict, ruled_out: list, 
                     f"{_short(ref_before)} -> {_short(ref_after)}",
                     _graph_side(name, path, graph_pre[path], moves["graph"], entry, executor),
                     f"{experiment}: the forward's outputs equal the padded reference's bit for bit; {control}"]
-        return bisector.diagnosis(FROZEN_AT_CAPTURE, [name], ev_g, evidence=evidence, experiment=experiment,
-                                  **where)
+        return lab.diagnosis(FROZEN_AT_CAPTURE, [name], evidence=evidence, experiment=experiment)
     return None
 
 
-def _replayed(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, value):
+def _replayed(lab: Divergence, holder, path, value):
     """(experiment, control) when a re-capture with `path` at `value` restores parity and one with the captured
     value does not; None when the graph was captured with `value`; False when the experiment failed."""
-    baked = entry.captured_host.get(path, snaps["graph"]["host"][ev_g.owner][1][path])
+    baked = lab.entry.captured_host.get(path, lab.snaps["graph"]["host"][lab.ev_g.owner][1][path])
     if host_state.same(baked, value):
         return None
-    if not _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, value):
+    if not _recaptured(lab, holder, path, value):
         return False
-    if _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, baked):
+    if _recaptured(lab, holder, path, baked):
         return False     # any fresh capture restores parity: the value is not what differs
     name = host_state.name(path)
     return (f"re-capture with {name} at the reference's value {_short(value)} (same addresses, one host value "
             "changed)", f"the control re-capture with the value it was captured with ({_short(baked)}) does not")
 
 
-def _recaptured(bisector, graph, ev_g, snaps, out_r, entry, executor, holder, path, value) -> bool:
-    d = ev_g.dispatch
-    fn = forward_fn(graph, ev_g.owner, ev_g.phase)
-    restore(snaps["graph"])
+def _recaptured(lab: Divergence, holder, path, value) -> bool:
+    d, backend, fn = lab.dispatch, lab.executor.backend, lab.forward()
+    lab.restore()
     if not host_state.put(holder, path, value):
         return False
     try:
-        g = capture(executor.backend, executor.backend.new_pool("bisect"),
-                    lambda: fn(d.num_tokens_padded, d.num_reqs_padded, entry.capture_meta),
+        g = capture(backend, backend.new_pool("bisect"),
+                    lambda: fn(d.num_tokens_padded, d.num_reqs_padded, lab.entry.capture_meta),
                     piecewise=d.runtime_mode == PIECEWISE, weak_outputs=False)
     except (RuntimeError, IndexError, ValueError):      # the forward cannot be captured on this value
-        restore(snaps["graph"])
+        lab.restore()
         return False
-    restore(snaps["graph"])
-    bisector.replays += 1
-    return bisector.outputs_match(graph, ev_g, out_r, g.replay(ev_g.meta))
+    lab.restore()
+    lab.replays += 1
+    return lab.matches(g.replay(lab.ev_g.meta))
 
 
-def _eager(bisector, graph, ev_g, snaps, out_r, executor, holder, path, value):
+def _eager(lab: Divergence, holder, path, value):
     """(experiment, control) when re-running the eager forward with `path` at `value` restores parity; None
     when the graph run's value is the reference's already; False when the experiment failed."""
-    if host_state.same(snaps["graph"]["host"][ev_g.owner][1][path], value):
+    if host_state.same(lab.snaps["graph"]["host"][lab.ev_g.owner][1][path], value):
         return None
-    restore(snaps["graph"])
-    matched = host_state.put(holder, path, value) and _rerun_matches(bisector, graph, ev_g, out_r, executor)
-    restore(snaps["graph"])
-    if not matched or _rerun_matches(bisector, graph, ev_g, out_r, executor):    # the control: unchanged
-        restore(snaps["graph"])
+    lab.restore()
+    matched = host_state.put(holder, path, value) and _rerun_matches(lab)
+    lab.restore()
+    if not matched or _rerun_matches(lab):    # the control: unchanged
+        lab.restore()
         return False
-    restore(snaps["graph"])
+    lab.restore()
     name = host_state.name(path)
     return (f"re-run the forward from the graph run's pre-state with only {name} at the reference's value "
             f"{_short(value)}", "the control re-run from the unchanged pre-state does not")
 
 
-def _rerun_matches(bisector, graph, ev_g, out_r, executor) -> bool:
-    bisector.replays += 1
-    result = executor.execute(ev_g.dispatch, forward_fn(graph, ev_g.owner, ev_g.phase), ev_g.meta)
-    return bisector.outputs_match(graph, ev_g, out_r, result)
+def _rerun_matches(lab: Divergence) -> bool:
+    lab.replays += 1
+    return lab.matches(lab.executor.execute(lab.dispatch, lab.forward(), lab.ev_g.meta))
 
 
 def _graph_side(name, path, before, graph_moves, entry, executor) -> str:

@@ -29,7 +29,9 @@ import torch
 
 from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
-from parity.diagnose.state import forward_fn, max_diff, outputs, restore
+from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnose.lab import Divergence
+from parity.diagnose.state import max_diff
 from parity.engine.buffers import FREE, poison_padding
 from parity.engine.padding_regions import advance_origin
 
@@ -51,8 +53,9 @@ def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, in
     return found
 
 
-def padded_kv_writes(bisector, engine, event, snap) -> list[int]:
-    """KV slots padded tokens write, each found by re-running the forward from its clean pre-state.
+def padded_kv_writes(lab: Divergence, run: str) -> list[int]:
+    """KV slots padded tokens write in `run` ("ref" or "graph"), each found by re-running the forward from
+    its pre-state.
 
     1. rows the forward changes that no real token of the batch owns;
     2. first-layer rows that change when only the padded tokens' FREE inputs are
@@ -63,32 +66,31 @@ def padded_kv_writes(bisector, engine, event, snap) -> list[int]:
        set to PAD.
     The trash row (the last) is where padded writes belong and is never counted.
     """
+    engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
     owner = engine.owner(event.owner)
-    fn = forward_fn(engine, event.owner, event.phase)
-    restore(snap)
+    lab.restore(run)
     real = set(owner.buffers["slot_mapping"][: event.dispatch.num_tokens].tolist())
     before = _kv_rows(owner)
 
-    def run(change) -> list[torch.Tensor]:
-        restore(snap)
+    def rerun(change) -> list[torch.Tensor]:
+        lab.restore(run)
         change()
-        bisector.replays += 1
-        owner.executor.execute(event.dispatch, fn, event.meta)
+        lab.rerun(run)
         return _kv_rows(owner)
 
     def set_pad_slots():
         for _, tensor, region, _ in _slot_breaches(owner, event):
             tensor[region] = -1
 
-    plain = run(lambda: None)
+    plain = rerun(lambda: None)
     written = _changed(before, plain) - real
-    poisoned = run(lambda: poison_padding(owner.buffers, event.dispatch, salt=1))
+    poisoned = rerun(lambda: poison_padding(owner.buffers, event.dispatch, salt=1))
     layers = len(owner.kv_cache.keys)
     written |= _changed(plain[:1] + plain[layers:layers + 1], poisoned[:1] + poisoned[layers:layers + 1])
-    restore(snap)
+    lab.restore(run)
     if _slot_breaches(owner, event):
-        written |= _changed(plain, run(set_pad_slots))
-    restore(snap)
+        written |= _changed(plain, rerun(set_pad_slots))
+    lab.restore(run)
     return sorted(written)
 
 
@@ -107,24 +109,26 @@ def _slot_breaches(owner, event):
     return [b for b in breaches(owner.buffers, event.meta, event.dispatch) if b[0] == "slot_mapping"]
 
 
-def diagnose(bisector, clean, poisoned, ev_c, ev_p, snaps, out_c, **where):
-    owner = poisoned.owner(ev_p.owner)
+def stage(lab: Divergence) -> Diagnosis:
+    """The padding stage, on a lab whose reference (`ref`) is the padded reference on clean padding and whose
+    run under test (`graph`) is the same reference on poisoned padding."""
+    ev_p = lab.ev_g
+    owner = lab.graph.owner(ev_p.owner)
     dispatch = ev_p.dispatch
     evidence = [f"the padded reference's real outputs change when only its padded inputs are poisoned "
                 f"({dispatch.num_tokens} real of {dispatch.num_tokens_padded} tokens, {dispatch.num_reqs} real of "
                 f"{dispatch.num_reqs_padded} rows)"]
-    restore(snaps["graph"])
+    lab.restore()
     found = breaches(owner.buffers, ev_p.meta, dispatch)
     evidence += [f"{name}: {off} padded entr{'y' if off == 1 else 'ies'} not at the inert value "
                  f"{owner.buffers.spec(name).inert_value(dispatch.num_tokens)}" for name, _, _, off in found]
-    stray = padded_kv_writes(bisector, clean, ev_c, snaps["ref"])
+    stray = padded_kv_writes(lab, "ref")
     if stray:
         evidence.append(f"padded tokens write the KV cache of real requests: slots {_slots(stray)}")
 
     def repaired(subset) -> bool:
         """Both references with the subset's padded entries set inert: do they agree again?"""
-        return _run_repaired(bisector, clean, ev_c, snaps["ref"], subset) == _run_repaired(
-            bisector, poisoned, ev_p, snaps["graph"], subset)
+        return _run_repaired(lab, "ref", subset) == _run_repaired(lab, "graph", subset)
 
     if found and repaired(found):
         culprits = ddmin(found, repaired)
@@ -136,22 +140,22 @@ def diagnose(bisector, clean, poisoned, ev_c, ev_p, snaps, out_c, **where):
             origin, origin_evidence = unstable_pad_rows(owner, ev_p)
             evidence += origin_evidence
             names = sorted(set(names) | set(origin))
-        return bisector.diagnosis(PADDING_LEAK, names, ev_p, evidence=evidence, experiment=experiment, **where)
+        return lab.diagnosis(PADDING_LEAK, names, evidence=evidence, experiment=experiment)
     if stray:
         evidence.append("the padded tokens' slot entries hold PAD, yet they write real KV slots: the write path "
                         "does not keep PAD writes in the trash row")
-        return bisector.diagnosis(PADDING_LEAK, ["slot_mapping"], ev_p, evidence=evidence,
-                                  experiment="re-run the forward from its clean pre-state, its padded inputs "
-                                             "poisoned: the KV slots it writes", **where)
-    leaking = free_inputs_that_matter(bisector, clean, ev_c, snaps["ref"], out_c)
+        return lab.diagnosis(PADDING_LEAK, ["slot_mapping"], evidence=evidence,
+                             experiment="re-run the forward from its clean pre-state, its padded inputs "
+                                        "poisoned: the KV slots it writes")
+    leaking = free_inputs_that_matter(lab)
     if leaking:
         experiment = f"poison the padded entries of {', '.join(leaking)} alone on the clean reference"
         evidence.append(f"{experiment}: real outputs change")
-        return bisector.diagnosis(PADDING_LEAK, leaking, ev_p, evidence=evidence, experiment=experiment, **where)
+        return lab.diagnosis(PADDING_LEAK, leaking, evidence=evidence, experiment=experiment)
     evidence.append("no padded entry alone and no contract repair explains it")
     ruled_out = ["set the contract's padded entries inert in both references", "KV writes of padded tokens",
                  "poison each free padded input alone"]
-    return bisector.diagnosis(UNEXPLAINED, [], ev_p, evidence=evidence, ruled_out=ruled_out, **where)
+    return lab.diagnosis(UNEXPLAINED, [], evidence=evidence, ruled_out=lab.ruled_out + ruled_out)
 
 
 def unstable_pad_rows(owner, event) -> tuple[list[str], list[str]]:
@@ -159,38 +163,30 @@ def unstable_pad_rows(owner, event) -> tuple[list[str], list[str]]:
     return advance_origin(owner, event.dispatch, event.meta)
 
 
-def _run_repaired(bisector, engine, event, snap, subset) -> tuple:
-    """The forward's real outputs (as bytes, for an exact comparison) with `subset` set inert first."""
+def _run_repaired(lab: Divergence, run: str, subset) -> tuple:
+    """The forward's real outputs in `run` (as bytes, for an exact comparison) with `subset` set inert first."""
+    engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
     owner = engine.owner(event.owner)
-    restore(snap)
+    lab.restore(run)
     for name, _, region, _ in subset:
         for tensor in {t.data_ptr(): t for t in (getattr(event.meta, name, None), owner.buffers[name])
                        if t is not None}.values():
             tensor[region] = owner.buffers.spec(name).inert_value(event.dispatch.num_tokens)
-    out = rerun(bisector, engine, event)
+    out = lab.rerun(run)
     return tuple((k, v.cpu().numpy().tobytes()) for k, v in sorted(out.items()))
 
 
-def rerun(bisector, engine, event) -> dict:
-    """Run `event`'s forward again through its owner's executor; its real outputs (a re-run returns new logits)."""
-    owner = engine.owner(event.owner)
-    bisector.replays += 1
-    result = owner.executor.execute(event.dispatch, forward_fn(engine, event.owner, event.phase), event.meta)
-    return outputs(engine, event, result)
-
-
-def free_inputs_that_matter(bisector, engine, event, snap, out_clean) -> list[str]:
-    """FREE padded inputs that, poisoned one at a time on the clean state, change the real outputs."""
-    owner = engine.owner(event.owner)
+def free_inputs_that_matter(lab: Divergence) -> list[str]:
+    """FREE padded inputs that, poisoned one at a time on the clean reference, change its real outputs."""
+    owner = lab.ref.owner(lab.ev_r.owner)
     names = [n for n in owner.buffers.names() if owner.buffers.spec(n).padding == FREE]
     matter = []
     for name in names:
-        restore(snap)
-        only = _Only(owner.buffers, name)
-        poison_padding(only, event.dispatch, salt=1)
-        if max_diff(out_clean, rerun(bisector, engine, event))[0] != 0:
+        lab.restore("ref")
+        poison_padding(_Only(owner.buffers, name), lab.ev_r.dispatch, salt=1)
+        if max_diff(lab.out_r, lab.rerun("ref"))[0] != 0:
             matter.append(name)
-    restore(snap)
+    lab.restore("ref")
     return matter
 
 

@@ -10,23 +10,24 @@ from __future__ import annotations
 
 import torch
 
-from parity.diagnose.state import forward_fn, restore
+from parity.diagnose.lab import Divergence
 
 
-def probe_layers(bisector, ref, graph, ev_r, ev_g, snaps) -> list[str]:
-    ours = _layer_outputs(bisector, graph, ev_g, snaps["graph"])
-    theirs = _layer_outputs(bisector, ref, ev_r, snaps["ref"])
-    t = ev_g.dispatch.num_tokens
+def probe_layers(lab: Divergence) -> list[str]:
+    ours = _layer_outputs(lab, "graph")
+    theirs = _layer_outputs(lab, "ref")
+    t = lab.dispatch.num_tokens
     for i, (a, b) in enumerate(zip(ours, theirs)):
         delta = float((a[:t] - b[:t]).abs().max())
-        if delta > bisector.tol:
+        if delta > lab.tol:
             return [f"layer probe: decoder layer {i} is the first to differ ({delta:.3g}) when the forward "
                     "re-runs eagerly from each run's state: the state before this forward already differs"]
     return [f"layer probe: all {len(ours)} decoder layer(s) agree when the forward re-runs eagerly from the "
             "graph run's state: the difference is made inside the captured graph's replay"]
 
 
-def _layer_outputs(bisector, engine, event, snap) -> list[torch.Tensor]:
+def _layer_outputs(lab: Divergence, run: str) -> list[torch.Tensor]:
+    engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
     outputs: list[torch.Tensor] = []
     layers = engine.owner(event.owner).decoder_layers()
 
@@ -36,10 +37,9 @@ def _layer_outputs(bisector, engine, event, snap) -> list[torch.Tensor]:
 
     hooks = [layer.register_forward_hook(keep) for layer in layers]
     try:
-        restore(snap)
-        bisector.replays += 1
-        forward_fn(engine, event.owner, event.phase)(event.dispatch.num_tokens_padded,
-                                                     event.dispatch.num_reqs_padded, event.meta)
+        lab.restore(run)
+        lab.replays += 1
+        lab.forward(run)(event.dispatch.num_tokens_padded, event.dispatch.num_reqs_padded, event.meta)
     finally:
         for hook in hooks:
             hook.remove()

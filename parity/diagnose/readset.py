@@ -21,7 +21,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from parity.diagnose.state import forward_fn, registry_of, restore
+from parity.diagnose.lab import Divergence
+from parity.diagnose.state import registry_of
 from parity.graphs.manifest import object_tensors, role_name
 
 
@@ -37,16 +38,22 @@ class _Reads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def reference_reads(bisector, ref, ev_r, snap) -> dict[str, set[str]]:
+def reference_reads(lab: Divergence) -> dict[str, set[str]]:
     """role name -> holders ("registry", "metadata object", "kv cache", "object") of every tensor the reference
-    forward reads."""
-    restore(snap)
+    forward reads; traced once per lab (`lab.reads`)."""
+    if lab.reads is None:
+        lab.reads = _traced(lab)
+    return lab.reads
+
+
+def _traced(lab: Divergence) -> dict[str, set[str]]:
+    ref, ev_r = lab.ref, lab.ev_r
+    lab.restore("ref")
     tracer = _Reads()
-    bisector.replays += 1
+    lab.replays += 1
     with tracer, torch.no_grad():
-        forward_fn(ref, ev_r.owner, ev_r.phase)(ev_r.dispatch.num_tokens_padded, ev_r.dispatch.num_reqs_padded,
-                                                ev_r.meta)
-    restore(snap)
+        lab.forward("ref")(ev_r.dispatch.num_tokens_padded, ev_r.dispatch.num_reqs_padded, ev_r.meta)
+    lab.restore("ref")
     roles: dict[str, set[str]] = {}
     registry = registry_of(ref, ev_r.owner)
     for name, tensor in registry.items():

@@ -28,18 +28,20 @@ import torch
 
 from parity.analysis.kinds import FROZEN_AT_CAPTURE, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
+from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnose.lab import Divergence
 from parity.diagnose.probes import probe_layers
-from parity.diagnose.state import forward_fn, restore
 from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
 
 
-def diagnose(bisector, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ruled_out: list[str], **where):
-    dispatch, live_meta = ev_g.dispatch, ev_g.meta
+def stage(lab: Divergence) -> Diagnosis:
+    """The last stage: FROZEN_AT_CAPTURE when a re-capture isolates a baked value, else UNEXPLAINED."""
+    dispatch, live_meta, entry, executor = lab.dispatch, lab.ev_g.meta, lab.entry, lab.executor
     live_fields = python_fields(live_meta)
     captured = entry.captured_with
     differing = sorted(k for k in live_fields if captured.get(k) != live_fields[k])
-    fn = forward_fn(graph, ev_g.owner, ev_g.phase)
+    fn = lab.forward()
     registries = {(r.owner, name): t for r in executor.registries for name, t in r.items()}
 
     def recaptured_matches(live: dict, contents=()) -> bool:
@@ -53,26 +55,25 @@ def diagnose(bisector, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ru
 
     def _recaptured_matches(live: dict, contents) -> bool:
         meta = dataclasses.replace(entry.capture_meta, **live)
-        restore(snaps["graph"])
+        lab.restore()
         for key in contents:
             registries[key].copy_(entry.captured_contents[key])
         g = capture(executor.backend, executor.backend.new_pool("bisect"),
                     lambda: fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta),
                     piecewise=dispatch.runtime_mode == "piecewise", weak_outputs=False)
-        restore(snaps["graph"])
-        bisector.replays += 1
-        out = g.replay(live_meta)
-        return bisector.outputs_match(graph, ev_g, out_r, out)
+        lab.restore()
+        lab.replays += 1
+        return lab.matches(g.replay(live_meta))
 
-    ruled = list(ruled_out)
+    ruled = lab.ruled_out
     if recaptured_matches({}):
-        restore(snaps["graph"])
+        lab.restore()
         moved = sorted(k for k, t in entry.captured_contents.items() if k in registries
                        and registries[k].shape == t.shape and not torch.equal(registries[k].cpu(), t))
         if moved and not recaptured_matches({}, moved):
             baked = [k for k in moved if not recaptured_matches({}, [k])]
             if baked:
-                return _baked(bisector, ev_g, [k[1] for k in baked], moved, ruled, **where)
+                return _baked(lab, [k[1] for k in baked], moved)
         ruled.append("a fresh capture from the live state restores parity, yet no host value and no buffer's "
                      "capture-time contents alone bring the divergence back: the original capture differs")
     elif differing:
@@ -80,17 +81,16 @@ def diagnose(bisector, ref, graph, ev_r, ev_g, snaps, out_r, entry, executor, ru
         if not frozen and len(differing) > 1 and recaptured_matches({k: live_fields[k] for k in differing}):
             frozen = ddmin(differing, lambda s: recaptured_matches({k: live_fields[k] for k in s}))
         if frozen:
-            return _frozen(bisector, ev_g, frozen, captured, live_fields, ruled, **where)
+            return _frozen(lab, frozen, captured, live_fields)
         ruled.append("re-capture with the live value of " + ", ".join(differing))
     else:
         ruled.append("a fresh capture from the live state does not restore parity, and no host value differs "
                      "from the capture's")
-    evidence = ["no one-variable experiment restores bitwise parity", *probe_layers(bisector, ref, graph, ev_r,
-                                                                                    ev_g, snaps)]
-    return bisector.diagnosis(UNEXPLAINED, [], ev_g, evidence=evidence, ruled_out=ruled, **where)
+    evidence = ["no one-variable experiment restores bitwise parity", *probe_layers(lab)]
+    return lab.diagnosis(UNEXPLAINED, [], evidence=evidence)
 
 
-def _baked(bisector, ev_g, names, moved, ruled, **where):
+def _baked(lab: Divergence, names, moved) -> Diagnosis:
     """Buffers whose contents the forward read to the host while capturing (a `.tolist()`, an `.item()`)."""
     evidence = [f"{', '.join(names)}: the contents the original capture saw differ from the live ones",
                 f"a re-capture from the live state restores bitwise parity; with {', '.join(names)} put back to "
@@ -100,18 +100,16 @@ def _baked(bisector, ev_g, names, moved, ruled, **where):
                   "(same addresses, same host values)")
     others = sorted({k[1] for k in moved} - set(names))
     if others:
-        ruled = ruled + [f"the capture-time contents of {', '.join(others)}"]
-    return bisector.diagnosis(FROZEN_AT_CAPTURE, names, ev_g, evidence=evidence, experiment=experiment,
-                              ruled_out=ruled, **where)
+        lab.ruled_out.append(f"the capture-time contents of {', '.join(others)}")
+    return lab.diagnosis(FROZEN_AT_CAPTURE, names, evidence=evidence, experiment=experiment)
 
 
-def _frozen(bisector, ev_g, frozen, captured, live_fields, ruled, **where):
+def _frozen(lab: Divergence, frozen, captured, live_fields) -> Diagnosis:
     evidence = [f"{k}: captured {_short(captured.get(k))}, live {_short(live_fields[k])}" for k in frozen]
     evidence.append(f"re-capturing with the same tensors and only the live {', '.join(frozen)} restores bitwise "
                     "parity; the control re-capture with the captured values does not")
     experiment = f"re-capture with the live {', '.join(frozen)} (same addresses, one host value changed)"
-    return bisector.diagnosis(FROZEN_AT_CAPTURE, frozen, ev_g, evidence=evidence, experiment=experiment,
-                              ruled_out=ruled, **where)
+    return lab.diagnosis(FROZEN_AT_CAPTURE, frozen, evidence=evidence, experiment=experiment)
 
 
 def _short(value) -> str:

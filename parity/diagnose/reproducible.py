@@ -28,33 +28,36 @@ reproducible and what was seen.
 from __future__ import annotations
 
 from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
-from parity.diagnose.padding import padded_kv_writes, rerun
-from parity.diagnose.state import max_diff, restore
+from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnose.lab import Divergence
+from parity.diagnose.padding import padded_kv_writes
+from parity.diagnose.state import max_diff
 
 RERUNS = 2
 
 
-def unstable(bisector, engine, event, snap, expected: dict) -> tuple[float, set[int]]:
-    """Re-runs of the forward from `snap` against `expected`: the largest difference (0.0: reproducible)
-    and the first-layer KV rows that moved."""
+def unstable(lab: Divergence, run: str) -> tuple[float, set[int]]:
+    """Re-runs of the forward of `run` ("ref" or "graph") from its pre-state against what it produced: the
+    largest difference (0.0: reproducible) and the first-layer KV rows that moved."""
+    engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
+    expected = lab.out_r if run == "ref" else lab.out_g
     layers = len(engine.owner(event.owner).kv_cache.keys)
     first_layer = ("kv0", f"kv{layers}")
     worst, raced = 0.0, set()
     for _ in range(RERUNS):
-        restore(snap)
-        again = rerun(bisector, engine, event)
+        lab.restore(run)
+        again = lab.rerun(run)
         worst = max(worst, max_diff(expected, again)[0])
         for name in first_layer:
             moved = (expected[name] != again[name]).reshape(expected[name].shape[0], -1).any(dim=1)
             raced |= set(moved.nonzero().flatten().tolist())
-    restore(snap)
+    lab.restore(run)
     return worst, raced
 
 
-def check(bisector, ref, graph, ev_r, ev_g, snaps, out_r, out_g, **where):
+def stage(lab: Divergence) -> Diagnosis | None:
     """None when both runs reproduce the divergent forward; otherwise the diagnosis that says they do not."""
-    runs = {"reference": unstable(bisector, ref, ev_r, snaps["ref"], out_r),
-            "graph run": unstable(bisector, graph, ev_g, snaps["graph"], out_g)}
+    runs = {"reference": unstable(lab, "ref"), "graph run": unstable(lab, "graph")}
     if not any(delta for delta, _ in runs.values()):
         return None
     raced = set().union(*(rows for _, rows in runs.values()))
@@ -62,21 +65,20 @@ def check(bisector, ref, graph, ev_r, ev_g, snaps, out_r, out_g, **where):
                 f"max |Δ| {delta:.3g}): it is not deterministic" for run, (delta, _) in runs.items() if delta]
     if raced:
         evidence.append(f"first-layer KV rows that differ between re-runs: slots {_slots(raced)}")
-    stray = set(padded_kv_writes(bisector, ref, ev_r, snaps["ref"]))
+    stray = set(padded_kv_writes(lab, "ref"))
     if stray:
         evidence.append(f"padded tokens write the KV cache of real requests: slots {_slots(stray)}")
     if raced and raced <= stray:
         evidence.append("the rows that differ between re-runs are slots padded tokens write: several tokens write "
                         "one slot in one kernel, and which write lands last is not fixed")
-        return bisector.diagnosis(PADDING_LEAK, ["slot_mapping"], ev_g, evidence=evidence,
-                                  experiment="re-run the forward from its pre-state: the first-layer KV rows that "
-                                             "differ between re-runs, against the slots its padded tokens write",
-                                  **where)
+        return lab.diagnosis(PADDING_LEAK, ["slot_mapping"], evidence=evidence, ruled_out=[],
+                             experiment="re-run the forward from its pre-state: the first-layer KV rows that "
+                                        "differ between re-runs, against the slots its padded tokens write")
     evidence.append("every one-variable experiment compares re-runs bit for bit; on a forward that is not "
                     "reproducible none can isolate a cause")
     ruled_out = ["a race between padded and real KV writes" + (" (no real slot is written by a padded token)"
                                                                if not stray else " (other rows differ too)")]
-    return bisector.diagnosis(UNEXPLAINED, [], ev_g, evidence=evidence, ruled_out=ruled_out, **where)
+    return lab.diagnosis(UNEXPLAINED, [], evidence=evidence, ruled_out=ruled_out)
 
 
 def _slots(rows: set[int]) -> str:

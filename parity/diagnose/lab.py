@@ -1,0 +1,95 @@
+"""The divergent forward, as every stage of the diagnosis sees it: one object, handed from stage to stage.
+
+The lockstep (`bisector.py`) stops at the first forward whose outputs differ
+by a single bit and hands that forward over as a `Divergence`: both runs
+standing just after it (the reference, `ref`, and the run under test,
+`graph`: a graph mode's engine, or for the padding stage the reference on
+poisoned padding), each run's pre-state (`snaps`: restoring it puts a run back
+just before the forward, host values included), what each produced, the graph
+the forward replayed (`entry`, None for an eager forward) and where the
+outputs differ.
+
+A stage is a function `stage(lab) -> Diagnosis | None`: it runs its
+experiments on the lab (each starts from a pre-state, changes one thing,
+re-runs and compares bit for bit with the reference's outputs), returns a
+diagnosis when one isolated the cause, and otherwise adds what it tried to
+`lab.ruled_out` and returns None, so the next stage goes on. The lab counts
+every forward re-run (`replays`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
+
+
+@dataclass
+class Divergence:
+    mode: str
+    ref: object                 # the reference run's engine
+    graph: object               # the run under test
+    ev_r: object                # the forward's event in each run
+    ev_g: object
+    snaps: dict                 # {"ref": pre-state, "graph": pre-state}
+    out_r: dict                 # what each run's forward produced (`state.outputs`)
+    out_g: dict
+    where: dict = field(default_factory=dict)     # rows, max_abs_diff, graph_info of the difference
+    moves: dict = field(default_factory=dict)     # host values each run's forward moved (`host_moves.moved_by`)
+    entry: object = None        # the graph the forward replayed; None: the run under test ran it eagerly
+    tol: float = 0.0
+    replays: int = 0            # forwards re-run to test a hypothesis
+    ruled_out: list = field(default_factory=list)    # experiments that did not restore parity, in order
+    reads: dict | None = None   # role -> holders the reference forward reads (`readset.py`), once asked for
+
+    @property
+    def dispatch(self):
+        return self.ev_g.dispatch
+
+    @property
+    def executor(self):
+        return executor_of(self.graph, self.ev_g.owner)
+
+    def restore(self, run: str = "graph") -> None:
+        """Put run "graph" or "ref" back just before the forward."""
+        restore(self.snaps[run])
+
+    def forward(self, run: str = "graph"):
+        """The forward function of the divergent forward, in run "graph" or "ref"."""
+        engine, event = (self.graph, self.ev_g) if run == "graph" else (self.ref, self.ev_r)
+        return forward_fn(engine, event.owner, event.phase)
+
+    def rerun(self, run: str = "graph") -> dict:
+        """Run the forward again through its owner's executor, from wherever the run stands; its outputs."""
+        engine, event = (self.graph, self.ev_g) if run == "graph" else (self.ref, self.ev_r)
+        self.replays += 1
+        result = engine.owner(event.owner).executor.execute(event.dispatch, self.forward(run), event.meta)
+        return outputs(engine, event, result)
+
+    def matches(self, returned=None) -> bool:
+        """Does the graph run's forward now produce the reference's outputs (`returned`: what a re-run or
+        another graph returned instead of the forward's own outputs)?"""
+        worst, _ = max_diff(self.out_r, outputs(self.graph, self.ev_g, returned))
+        return worst <= self.tol
+
+    def diagnosis(self, kind: str, buffers, **found) -> Diagnosis:
+        """A diagnosis at this forward; `found` holds what the stage isolated (evidence, experiment, addresses,
+        ruled_out: the lab's when not given)."""
+        where = {**self.where, **{k: found.pop(k) for k in ("rows", "max_abs_diff", "graph") if k in found}}
+        e = self.ev_g
+        return Diagnosis(kind, list(buffers), self.mode, owner=e.owner, step=e.step, phase=e.phase,
+                         draft_step=e.draft_step, forward_index=e.index, rows=list(where.get("rows", ())),
+                         graph=where.get("graph"), max_abs_diff=where.get("max_abs_diff"), replays=self.replays,
+                         captured_address=found.pop("captured", None), live_address=found.pop("live", None),
+                         evidence=list(found.pop("evidence", ())), experiment=found.pop("experiment", None),
+                         ruled_out=list(found.pop("ruled_out", self.ruled_out)), also=list(found.pop("also", ())))
+
+
+def run_stages(lab: Divergence, stages) -> Diagnosis | None:
+    """The first diagnosis a stage returns, in order; None when none isolated the cause."""
+    for stage in stages:
+        found = stage(lab)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,136 @@
+"""Each diagnosis stage on its own: `stage(lab) -> Diagnosis | None`, on small hand-made bugs.
+
+The lockstep stops at the first divergent forward and hands it over as a
+`Divergence`; here it is taken from the lockstep before any stage runs
+(`locate`), and each stage is called alone on it. A stage names what its own
+experiment isolates and returns None for a bug of another stage's kind (adding
+what it tried to `lab.ruled_out`), so the order of the stages decides
+nothing a stage could not decide alone. The bugs are one-method subclasses of
+an engine part (`EngineParts`), written for these tests; no catalog fault is used.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from parity.analysis.kinds import BUFFER_REASSIGNED, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE, PADDING_LEAK
+from parity.diagnose import descriptor, experiments, host_moves, padding, rebound, reproducible
+from parity.diagnose.bisector import Bisector, PaddingBisector
+from parity.engine.metadata import MetadataBuilder
+from parity.engine.parts import EngineParts
+from parity.engine.spec_decode import SpecDecodeEngine
+from parity.graphs.factory import install_graphs, install_padded_reference
+from parity.graphs.policy import CapturePolicy
+from tests.conftest import engine_config, make_specs
+from tests.test_host_state import ScheduledTarget
+
+pytestmark = pytest.mark.xdist_group("diagnose-stages")
+
+
+@pytest.fixture(autouse=True)
+def inference():
+    """The stages run where the bisector runs them: without autograd."""
+    with torch.no_grad():
+        yield
+
+
+class _Located(Exception):
+    def __init__(self, lab):
+        self.lab = lab
+
+
+def locate(parts: EngineParts, random_pair, mode: str = "full", padding_stage: bool = False):
+    """The first divergent forward of `mode` for engines of `parts` (the CPU pair, emulated graphs), as the
+    lab the stages get: the graph run against its padded reference, or (`padding_stage`) the reference on
+    clean padding against the reference on poisoned padding."""
+    specs = make_specs(3, seed=1, max_tokens=6)
+    make = lambda: SpecDecodeEngine(*random_pair, engine_config(), "cpu", parts=parts)  # noqa: E731
+
+    def reference(poison):
+        return lambda engine: install_padded_reference(engine, mode, None, None, poison=poison)
+
+    def graphs(engine, copied=()):
+        install_graphs(engine, mode, "emulated", None, None, CapturePolicy())
+
+    cls = PaddingBisector if padding_stage else Bisector
+
+    class Locator(cls):
+        def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names):
+            raise _Located(self.divergence(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst))
+
+    bisector = (Locator(make, reference(False), reference(True), specs, mode) if padding_stage
+                else Locator(make, reference(False), graphs, specs, mode))
+    with pytest.raises(_Located) as found:
+        bisector.run()
+    return found.value.lab
+
+
+class FreshSlotsView(MetadataBuilder):
+    """The view hands attention a fresh copy of the slot mapping each batch instead of the persistent buffer."""
+
+    def make_view(self, *args, **kwargs):
+        meta = super().make_view(*args, **kwargs)
+        meta.slot_mapping = meta.slot_mapping.clone()
+        return meta
+
+
+class ZeroPadSlots(MetadataBuilder):
+    """Padded tokens get slot 0 (a live request's KV row) instead of the PAD slot: a padding bug the graph and
+    its reference share."""
+
+    def _fill(self, name, values, pad, num_tokens):
+        if name != "slot_mapping":
+            return super()._fill(name, values, pad, num_tokens)
+        host = torch.tensor(values + [0] * pad, dtype=torch.int64)
+        self.buffers[name][: len(host)].copy_(host)
+
+
+def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passes(random_pair):
+    lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
+    assert lab.entry is not None and lab.ev_g.phase == "verify"
+    assert host_moves.stage(lab) is None, "no host value the forward moves differs"
+    found = experiments.stage(lab)
+    assert found is not None and found.kind == BUFFER_REASSIGNED and found.buffers == ["slot_mapping"], found
+    assert "slot_mapping" in lab.reads and found.experiment.startswith("redirect slot_mapping")
+    assert found.replays == lab.replays > 0
+
+
+def test_the_host_stage_names_a_counter_the_forward_moves_and_the_repair_stage_rules_itself_out(random_pair):
+    lab = locate(EngineParts(target_runner=ScheduledTarget), random_pair)
+    assert experiments.stage(lab) is None
+    assert lab.ruled_out == ["no tensor the reference reads differs from what the graph read"]
+    assert rebound.piecewise_outputs(lab) is None and rebound.pointed_back(lab) is None
+    found = host_moves.stage(lab)
+    assert (found.kind, found.buffers) == (FROZEN_AT_CAPTURE, ["schedule.step"])
+    assert found.ruled_out == lab.ruled_out, "what the earlier stages ruled out travels with the diagnosis"
+
+
+def test_the_reproducibility_stage_passes_a_forward_that_reproduces_itself(random_pair):
+    lab = locate(EngineParts(target_runner=ScheduledTarget), random_pair)
+    assert reproducible.stage(lab) is None
+    assert lab.replays == 2 * reproducible.RERUNS
+
+
+def test_the_padding_stage_names_the_slot_mapping_a_shared_padding_bug_breaks(random_pair):
+    lab = locate(EngineParts(target_builder=ZeroPadSlots, drafter_builder=ZeroPadSlots), random_pair,
+                 padding_stage=True)
+    found = padding.stage(lab)
+    assert (found.kind, found.buffers) == (PADDING_LEAK, ["slot_mapping"]), found.evidence
+    assert "inert" in found.experiment
+
+
+def test_the_descriptor_stage_compares_the_batch_padding_with_the_graph_shape():
+    def lab_with(graph_tokens):
+        dispatch = SimpleNamespace(num_tokens_padded=8, num_reqs_padded=2)
+        entry = SimpleNamespace(num_tokens=graph_tokens, num_reqs=2)
+        lab = SimpleNamespace(dispatch=dispatch, entry=entry)
+        lab.diagnosis = lambda kind, buffers, **found: SimpleNamespace(kind=kind, buffers=buffers, **found)
+        return lab
+
+    assert descriptor.stage(lab_with(8)) is None
+    found = descriptor.stage(lab_with(4))
+    assert (found.kind, found.buffers) == (DESCRIPTOR_MISMATCH, ["descriptor"])
+    assert "8 tokens x 2 rows" in found.evidence[0] and "4 tokens x 2 rows" in found.evidence[0]
