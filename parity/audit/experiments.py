@@ -25,6 +25,7 @@ from parity.audit.cheap import Rebind, moved_names
 from parity.graphs.roles import MISSING, Path, assign, resolve
 from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
 from parity.audit.trace import storage_ptr
+from parity.audit.writes import skipped_writes
 
 MAX_HOST_CANDIDATES = 16
 
@@ -143,11 +144,13 @@ def group_copy_experiment(lab: Lab, rebinds: list[Rebind]) -> Experiment | None:
 
 
 def host_candidates(lab: Lab) -> list[tuple[Path, object, object]]:
-    """(path, captured, live) for host values that changed since capture, shortest paths first."""
+    """(path, captured, live) for host values that changed since capture, and inputs absent at capture (None)
+    that hold a tensor now, shortest paths first."""
     found, places = [], set()
     for path, captured in sorted(lab.record.host.items(), key=lambda item: (item[0].depth(), str(item[0]))):
         live = resolve(path, lab.roots)
-        if live is MISSING or type(live) is not type(captured) or live == captured:
+        absent = captured is None and isinstance(live, torch.Tensor)
+        if not absent and (live is MISSING or type(live) is not type(captured) or live == captured):
             continue
         # NOTE: one attribute reached by two paths is one host value.
         place = (id(resolve(Path(path.root, path.steps[:-1]), lab.roots)), path.steps[-1] if path.steps else None)
@@ -176,18 +179,40 @@ def recapture(lab: Lab, overrides: dict[Path, object]) -> Result:
     return lab.run(graph.replay, tensors)
 
 
+def _restores(lab: Lab, overrides: dict) -> bool:
+    """Does a re-capture with `overrides` restore parity? False when the callable cannot be captured so."""
+    try:
+        return lab.matches(recapture(lab, overrides))
+    except (RuntimeError, TypeError, AttributeError, ValueError, IndexError):
+        return False
+
+
 def host_experiments(lab: Lab, candidates) -> tuple[Experiment, list[Experiment]]:
-    """The control re-capture, then one re-capture per host value changed to its live value alone."""
+    """The control re-capture (every host value as captured, every input absent at capture absent), then one
+    re-capture per host value, or absent input, at its live value alone."""
     captured = {path: value for path, value, _ in candidates}
     control = Experiment("CAPTURE_CONTEXT", "re-capture with every host value as captured (control) and replay",
-                         [], lab.matches(recapture(lab, captured)))
+                         [], _restores(lab, captured))
     if control.restores or not candidates:
         return control, []
     singles = []
     for path, was, now in candidates:
-        overrides = {p: v for p, v in captured.items() if p != path}
-        singles.append(Experiment(
+        restores = _restores(lab, {p: v for p, v in captured.items() if p != path})
+        singles.append(_absent(lab, path, restores) if was is None else Experiment(
             "FROZEN_AT_CAPTURE", f"re-capture with only {path} at its live value ({now!r}; captured {was!r}) "
-            "and replay", [str(path)], lab.matches(recapture(lab, overrides)),
+            "and replay", [str(path)], restores,
             evidence=[f"{path}: captured {was!r}, live {now!r}: the graph replays the captured value"]))
     return control, singles
+
+
+def _absent(lab: Lab, path: Path, restores: bool) -> Experiment:
+    """An input that was None at capture and holds a tensor now: the code that reads it never ran at capture, so
+    the graph lacks its work (CAPTURE_CONTEXT, naming the writes the graph skips and the input)."""
+    skipped = skipped_writes(lab)
+    evidence = [f"{path} was None when the graph was captured and holds a tensor now: what the callable does "
+                "with it never ran at capture, and a replay runs no Python"]
+    if skipped:
+        evidence.append(f"the eager run writes {', '.join(skipped)}; the captured graph never writes "
+                        f"{'it' if len(skipped) == 1 else 'them'}")
+    return Experiment("CAPTURE_CONTEXT", f"re-capture with only {path} present (its live tensor; None at "
+                      "capture) and replay", [*skipped, str(path)], restores, evidence=evidence)

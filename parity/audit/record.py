@@ -76,7 +76,7 @@ class CaptureRecord:
     args: tuple
     kwargs: dict
     roles: list[Role]
-    host: dict[Path, object]
+    host: dict[Path, object]                   # host values by path, and None where an input was absent
     writes: dict[int, torch.Tensor]            # storage -> a view of each external storage the graph writes
     outputs: list[torch.Tensor]                # non-owning aliases of the graph's output tensors
     output_names: list[str]
@@ -132,9 +132,9 @@ def build_record(fn, args, kwargs, static_inputs, tracer: ReadSetTracer, result,
     spans = _touched(tracer)
     roles, host, per_tensor = [], {}, {}
     roots = roots_of(fn, args, kwargs, static_inputs)
-    for path, value in walk(roots):
+    for path, value in walk(roots, absent=True):
         if not isinstance(value, torch.Tensor):
-            if isinstance(value, HOST_TYPES) and len(host) < MAX_HOST_VALUES:
+            if (value is None or isinstance(value, HOST_TYPES)) and len(host) < MAX_HOST_VALUES:
                 host[path] = value
             continue
         if not value.numel() or storage_ptr(value) not in spans:

@@ -120,8 +120,9 @@ def _children(obj):
             yield ATTR, name, value
 
 
-def walk(roots: dict, max_depth: int = MAX_DEPTH):
-    """Yield (path, value) for every tensor and host value reachable from `roots`, shortest paths first."""
+def walk(roots: dict, max_depth: int = MAX_DEPTH, absent: bool = False):
+    """Yield (path, value) for every tensor and host value reachable from `roots`, shortest paths first;
+    with `absent`, every attribute or item that holds None too (an input missing, which a graph can bake)."""
     visits: dict[int, int] = {}
     frontier = [(Path(name), obj, ()) for name, obj in roots.items()]
     nodes = 0
@@ -132,7 +133,7 @@ def walk(roots: dict, max_depth: int = MAX_DEPTH):
             if isinstance(obj, torch.Tensor):
                 yield path, obj
                 continue
-            if isinstance(obj, HOST_TYPES) and path.steps:
+            if (isinstance(obj, HOST_TYPES) or (absent and obj is None)) and path.steps:
                 yield path, obj
                 continue
             # NOTE: a back-reference (`self.runner.engine` is `self`) is no name: a path never passes
