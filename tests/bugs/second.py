@@ -29,6 +29,7 @@ from tests.bugs.catalogue import (CLEAN, ERROR, FALSE_ALARM, LOCALISED, MISSED, 
 from tests.bugs.second_run import audit_workload
 
 DEVICE = {"emulated": "cpu", "cuda": "cuda"}
+GRADER_ROOT = Path(__file__).resolve().parents[2]    # where tests.bugs.second_run is found (after the copy)
 
 
 def patched_tree(tree: Path, patch: Path, work: Path) -> str | None:
@@ -70,7 +71,7 @@ def run_audit(work: Path, backend: str, timeout: int, forked: bool) -> dict:
         except Exception as exc:    # the patched engine's failure is the grade, not the grader's
             return {"error": f"{type(exc).__name__}: {exc}"}
     out = work / "audit.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(work), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(work), str(GRADER_ROOT)]))
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
         done = subprocess.run([sys.executable, "-m", "tests.bugs.second_run", "--device", DEVICE[backend],
