@@ -21,9 +21,12 @@ then read DIR/summary.json and grade:
                            MISSED if the gate passes
   any         NO-APPLY     the patch no longer applies;  ERROR: a command exited other than 0/1
 
+A bug with `engine: second` patches tests/second_engine/ instead and is graded on
+what parity.audit says of the engine's audited workload (tests/bugs/second.py).
+
 Exit status: 1 on MISSED, FALSE ALARM, NO-APPLY or ERROR; WRONG is reported, not fatal.
 
-    python -m tests.bugs.grade [--backend emulated|cuda] [--jobs 2] [--only ID ...] [--json FILE]
+    python -m tests.bugs.grade [--backend emulated|cuda] [--jobs 2] [--only ID ...] [--engine E] [--json FILE]
 """
 
 from __future__ import annotations
@@ -38,93 +41,17 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-import yaml
+from tests.bugs import second
+from tests.bugs.catalogue import (CAUGHT, CLEAN, CORPUS, ERROR, FALSE_ALARM, LOCALISED, MISSED, NAMED, NO_APPLY,
+                                  SHORT, SKIPPED, UNDIAGNOSED, UNEXPLAINED_KINDS, WRONG, Bug, load_corpus, worst)
+from tests.bugs.report import render, totals
 
-from parity.analysis.kinds import BUG_KINDS
-from parity.graphs.modes import EAGER
-from parity.graphs.modes import MODES as ALL_MODES
-
-CORPUS = Path(__file__).resolve().parent / "corpus"
 ROOT = Path(__file__).resolve().parents[2]
-PATCHABLE = ("parity/engine/", "parity/graphs/", "parity/models/")
-CLASSES = ("graph", "refactor", "eager")
-MODES = tuple(m for m in ALL_MODES if m != EAGER)
-UNEXPLAINED_KINDS = ("UNKNOWN", "UNEXPLAINED")
-NAMED, LOCALISED, UNDIAGNOSED, WRONG = "NAMED", "LOCALISED", "UNDIAGNOSED", "WRONG"
-MISSED, FALSE_ALARM, CLEAN, CAUGHT = "MISSED", "FALSE ALARM", "CLEAN", "CAUGHT"
-NO_APPLY, ERROR, SKIPPED = "NO-APPLY", "ERROR", "SKIPPED"
-FATAL = (MISSED, FALSE_ALARM, NO_APPLY, ERROR)
-# When modes grade differently, the bug gets the worst.
-SEVERITY = (ERROR, NO_APPLY, FALSE_ALARM, MISSED, WRONG, UNDIAGNOSED, LOCALISED, NAMED, CAUGHT, CLEAN, SKIPPED)
-SHORT = {"piecewise": "pw", "full": "full", "full_decode_only": "fdo", "full_and_piecewise": "f+pw"}
-
-
-# --- the corpus ---------------------------------------------------------------------------
-
-@dataclass
-class Bug:
-    id: str
-    cls: str
-    description: str
-    site: str
-    scenario: str
-    modes: list[str]
-    clean_modes: list[str] = field(default_factory=list)
-    seed: str = ""
-    kind: str | None = None
-    buffers: list[str] = field(default_factory=list)
-    may_also_name: list[str] = field(default_factory=list)
-    backends: list[str] = field(default_factory=lambda: ["emulated", "cuda"])
-    patch: Path = Path()
-
-    @property
-    def expected(self) -> str:
-        if self.cls == "graph":
-            return f"{self.kind}({','.join(self.buffers)})"
-        return "no drift" if self.cls == "refactor" else "run PASS, gate DRIFT"
-
-
-def patched_files(patch_text: str) -> list[str]:
-    return re.findall(r"^diff --git a/(\S+) b/\S+$", patch_text, flags=re.M)
-
-
-def load_bug(meta_path: Path) -> Bug:
-    """One bug from its metadata and patch; ValueError names the file and the problem."""
-    meta = yaml.safe_load(meta_path.read_text())
-    where = meta_path.name
-    for key in ("id", "class", "description", "site", "scenario", "modes"):
-        if key not in meta:
-            raise ValueError(f"{where}: missing {key!r}")
-    if meta["id"] != meta_path.stem:
-        raise ValueError(f"{where}: id {meta['id']!r} differs from the file name")
-    if meta["class"] not in CLASSES:
-        raise ValueError(f"{where}: class must be one of {CLASSES}")
-    modes, clean = list(meta["modes"]), list(meta.get("clean_modes") or [])
-    if not modes or any(m not in MODES for m in modes + clean) or set(modes) & set(clean):
-        raise ValueError(f"{where}: modes/clean_modes must be disjoint graph modes {MODES}")
-    expect = meta.get("expect") or {}
-    if meta["class"] == "graph" and (expect.get("kind") not in BUG_KINDS or not expect.get("buffers")):
-        raise ValueError(f"{where}: a graph bug needs expect.kind in {BUG_KINDS} and expect.buffers")
-    patch = meta_path.with_suffix(".patch")
-    if not patch.is_file():
-        raise ValueError(f"{where}: no {patch.name}")
-    files = patched_files(patch.read_text())
-    if not files or any(not f.startswith(PATCHABLE) for f in files):
-        raise ValueError(f"{patch.name}: must touch only {', '.join(PATCHABLE)} (touches {files})")
-    return Bug(meta["id"], meta["class"], meta["description"], meta["site"], meta["scenario"], modes, clean,
-               str(meta.get("seed", "")), expect.get("kind"), list(expect.get("buffers") or []),
-               list(expect.get("may_also_name") or []), list(meta.get("backends") or ["emulated", "cuda"]), patch)
-
-
-def load_corpus(corpus: Path = CORPUS) -> list[Bug]:
-    bugs = [load_bug(p) for p in sorted(corpus.glob("*.yaml"))]
-    strays = {p.stem for p in corpus.glob("*.patch")} - {b.id for b in bugs}
-    if strays:
-        raise ValueError(f"patches without metadata: {', '.join(sorted(strays))}")
-    return bugs
+__all__ = ["Bug", "load_corpus", "grade_bugs", "grade_graph", "NAMED", "LOCALISED", "UNDIAGNOSED", "WRONG",
+           "MISSED", "FALSE_ALARM", "CLEAN", "CAUGHT"]
 
 
 # --- one bug: a patched copy of the tree, the user's commands ---------------------------------
@@ -193,10 +120,6 @@ def run_args(bug: Bug, backend: str, out: Path, modes: list[str], bisect: bool =
 
 # --- grading ---------------------------------------------------------------------------
 
-def worst(grades) -> str:
-    return min(grades, key=SEVERITY.index)
-
-
 def mode_view(summary: dict, mode: str) -> dict:
     diagnosis = (summary.get("diagnoses") or {}).get(mode)
     view = {"verdict": summary["modes"][mode]["verdict"]}
@@ -240,12 +163,12 @@ def found_text(views: dict) -> str:
 
 
 def header(bug: Bug) -> dict:
-    return {"id": bug.id, "class": bug.cls, "site": bug.site, "scenario": bug.scenario, "modes": bug.modes,
+    return {"id": bug.id, "engine": bug.engine, "class": bug.cls, "site": bug.site, "known_gap": bug.known_gap, "scenario": bug.scenario, "modes": bug.modes,
             "clean_modes": bug.clean_modes, "expected": bug.expected, "description": bug.description}
 
 
 def run_bug(bug: Bug, tree: Path, backend: str, timeout: int, keep: Path | None, forked: bool = False) -> dict:
-    """Patch a copy of `tree` with `bug` and grade what `parity` says of it.
+    """Patch a copy of `tree` with `bug` and grade what `parity` (or, on the second engine, the audit) says of it.
 
     `forked`: this is a child forked for this bug alone; the patched tree is
     imported into it and the commands run in process (emulated backend only).
@@ -256,9 +179,11 @@ def run_bug(bug: Bug, tree: Path, backend: str, timeout: int, keep: Path | None,
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix=f"bug-{bug.id}-"))
     try:
-        error = patched_tree(tree, bug.patch, work)
+        error = (second.patched_tree if bug.engine == "second" else patched_tree)(tree, bug.patch, work)
         if error:
             grade, found, extra = NO_APPLY, error.splitlines()[0], {}
+        elif bug.engine == "second":
+            grade, found, extra = second.grade(bug, work, backend, timeout, forked)
         else:
             runner = import_patched(work) if forked else parity
             grade, found, extra = GRADERS[bug.cls](bug, work, backend, timeout, runner)
@@ -327,46 +252,14 @@ def _eager(bug: Bug, work: Path, backend: str, timeout: int, parity=parity):
 GRADERS = {"graph": _graph, "refactor": _refactor, "eager": _eager}
 
 
-# --- the report ---------------------------------------------------------------------------
-
-def totals(results: list[dict]) -> dict:
-    graph = [r for r in results if r["class"] == "graph" and r["grade"] != SKIPPED]
-    counts = {g: sum(r["grade"] == g for r in results) for g in SEVERITY}
-    named = sum(r["grade"] == NAMED for r in graph)
-    return {"graph_bugs": len(graph), "named": named, "named_pct": round(100 * named / len(graph), 1) if graph else 0.0,
-            "counts": {g: n for g, n in counts.items() if n}, "failures": sum(counts[g] for g in FATAL)}
-
-
-def render(results: list[dict], summary: dict, backend: str, elapsed: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"bug corpus ({backend}): {len(results)} patches", show_lines=False)
-    for column in ("id", "class", "expected", "modes", "grade", "diagnosis found", "s"):
-        table.add_column(column, overflow="fold")
-    colours = {NAMED: "green", CLEAN: "green", CAUGHT: "green", LOCALISED: "yellow", UNDIAGNOSED: "yellow",
-               WRONG: "magenta", SKIPPED: "dim"}
-    for r in results:
-        modes = ",".join(SHORT[m] for m in r["modes"])
-        if r["clean_modes"]:
-            modes += " | not " + ",".join(SHORT[m] for m in r["clean_modes"])
-        style = colours.get(r["grade"], "bold red")
-        table.add_row(r["id"], r["class"], r["expected"], modes, f"[{style}]{r['grade']}[/]", r["found"],
-                      f"{r['seconds']:.0f}")
-    console = Console(width=max(160, Console().width))
-    console.print(table)
-    counts = ", ".join(f"{g} {n}" for g, n in summary["counts"].items())
-    console.print(f"NAMED {summary['named']}/{summary['graph_bugs']} graph bugs ({summary['named_pct']}%); "
-                  f"{counts}; {elapsed:.0f} s")
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tests.bugs.grade", description=__doc__.splitlines()[0])
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to patch (default: this one)")
     parser.add_argument("--backend", default="emulated", choices=("emulated", "cuda"))
     parser.add_argument("--jobs", type=int, default=2, help="bugs run in parallel (default 2)")
     parser.add_argument("--corpus", type=Path, default=CORPUS, help="folder of <id>.patch + <id>.yaml")
-    parser.add_argument("--only", nargs="+", metavar="ID", help="grade only these bugs")
+    parser.add_argument("--only", "--bugs", nargs="+", metavar="ID", help="grade only these bugs")
+    parser.add_argument("--engine", choices=("harness", "second"), help="grade only this engine's bugs")
     parser.add_argument("--json", type=Path, default=ROOT / "reports" / "bug-corpus.json", help="JSON report")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per parity command")
     parser.add_argument("--keep", type=Path, default=None, help="keep each patched tree and its run here")
@@ -377,6 +270,7 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown bug(s): {', '.join(sorted(unknown))}")
         bugs = [b for b in bugs if b.id in args.only]
+    bugs = [b for b in bugs if args.engine in (None, b.engine)]
     started = time.time()
     results = grade_bugs(bugs, args.tree.resolve(), args.backend, args.jobs, args.timeout, args.keep)
     elapsed = time.time() - started
