@@ -33,6 +33,7 @@ from parity.audit.locate import located
 from parity.audit.options import resolve
 from parity.audit.diagnosis import GraphAuditWarning, GraphParityError, make_diagnosis, summary
 from parity.audit.record import CaptureRecord, build_record, padded_rows_of
+from parity.graphs.host_state import moved_in, values_of
 from parity.graphs.roles import roots_of
 from parity.audit.trace import ReadSetTracer
 
@@ -108,18 +109,24 @@ class GraphAudit:
 
     def capture_call(self, args: tuple, kwargs: dict, frame=None):
         """Run fn inside the open capture of `frame` (None: a CUDA capture bind() will name), recording it."""
+        before = values_of(roots_of(self.fn, args, kwargs, self.static_inputs))
         tracer = ReadSetTracer()
         with paused_gc(), tracer:
             result = self.fn(*args, **kwargs)
-        self.adopt(args, kwargs, tracer, result)
+        self.adopt(args, kwargs, tracer, result, before)
         if frame is not None:
             frame.audits.append(self)
             self.bind(frame.graph)
         return result
 
-    def adopt(self, args, kwargs, tracer: ReadSetTracer, result) -> None:
-        """Take a capture of fn(*args, **kwargs) that returned `result`, traced by `tracer`."""
+    def adopt(self, args, kwargs, tracer: ReadSetTracer, result, before: dict | None = None) -> None:
+        """Take a capture of fn(*args, **kwargs) that returned `result`, traced by `tracer`; `before`: the host
+        values its roots held when the call began."""
         self.record = build_record(self.fn, args, kwargs, self.static_inputs, tracer, result, self.output_names)
+        # NOTE: the graph baked the host values the callable read, before it advanced any itself.
+        roots = roots_of(self.fn, args, kwargs, self.static_inputs)
+        for path, (old, _) in moved_in(before or {}, roots).items():
+            self.record.host[path] = old
         leaves, self._spec = tree_flatten(result)
         # NOTE: the tensors themselves are not kept: holding them would keep pool memory the engine
         # lets go of (vLLM holds outputs weakly), and the audited engine would allocate differently.

@@ -143,7 +143,7 @@ class AuditSession:
         # NOTE: a graph outlives the scope that captured it (a module-scoped engine): its audit reports
         # to whichever session is active at the replay, not to this one.
         audit.sink = None
-        audit.adopt(call.args, call.kwargs, block.tracer, block.spy.result)
+        audit.adopt(call.args, call.kwargs, block.tracer, block.spy.result, block.spy.host_before)
         audit.bind(graph)
 
 

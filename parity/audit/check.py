@@ -25,6 +25,7 @@ from parity.audit.localise import localise
 from parity.audit.padding import padding_check
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.trace import WriteLog
+from parity.graphs.host_state import moved_in
 
 # Diagnoses of a mismatch that name no role: the padding check may explain them.
 UNPLACED = ("UNEXPLAINED", "CAPTURE_CONTEXT")
@@ -60,7 +61,8 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     """Replay with the shadow check; returns the diagnoses (empty when the replay is exact)."""
     record = audit.record
     started = time.perf_counter()
-    pre = Snapshot(record.writes.values())
+    # NOTE: host values too: the eager run below advances any counter the callable moves itself.
+    pre = Snapshot(record.writes.values(), roots)
     audit._raw_replay()
     audit.backend.sync()
     replayed = Result(clone_outputs(record.outputs))
@@ -71,11 +73,12 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
         pool.after_replay(audit)
         pre.restore()
         eager, log = shadow(record.fn, args, kwargs)
+        moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
         for ptr, (live, saved) in log.saved.items():
             pre.add_bytes(ptr, live, saved)
         replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
                            for ptr in eager.writes}
-        diagnoses = _judge(audit, Lab(audit, roots, args, kwargs, pre, eager), replayed, found, started)
+        diagnoses = _judge(audit, Lab(audit, roots, args, kwargs, pre, eager, moved), replayed, found, started)
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()

@@ -46,8 +46,10 @@ class Experiment:
 class Lab:
     """A checked replay's workbench: the pre-replay state, the eager reference, the graph."""
 
-    def __init__(self, audit, roots: dict, args: tuple, kwargs: dict, pre: Snapshot, eager: Result):
+    def __init__(self, audit, roots: dict, args: tuple, kwargs: dict, pre: Snapshot, eager: Result,
+                 moved: dict | None = None):
         self.audit = audit
+        self.moved = moved or {}    # host values the callable advanced itself when run eagerly: path -> (a, b)
         self.record = audit.record
         self.roots = roots
         self.args, self.kwargs = args, kwargs
@@ -165,12 +167,12 @@ def recapture(lab: Lab, overrides: dict[Path, object]) -> Result:
     args, kwargs = list(lab.args), dict(lab.kwargs)
     roots = {**lab.roots, "args": args, "kwargs": kwargs}
     undo = []
+    lab.pre.restore()       # NOTE: first: it puts the host values back too, the overrides' included
     for path, value in overrides.items():
         old = resolve(path, roots)
         if assign(path, roots, value):
             undo.append((path, old))
     try:
-        lab.pre.restore()
         graph, outputs = lab.audit.backend.recapture(lab.record.fn, tuple(args), kwargs)
     finally:
         for path, old in reversed(undo):
@@ -200,9 +202,17 @@ def host_experiments(lab: Lab, candidates) -> tuple[Experiment, list[Experiment]
         restores = _restores(lab, {p: v for p, v in captured.items() if p != path})
         singles.append(_absent(lab, path, restores) if was is None else Experiment(
             "FROZEN_AT_CAPTURE", f"re-capture with only {path} at its live value ({now!r}; captured {was!r}) "
-            "and replay", [str(path)], restores,
-            evidence=[f"{path}: captured {was!r}, live {now!r}: the graph replays the captured value"]))
+            "and replay", [str(path)], restores, evidence=_frozen_evidence(lab, path, was, now)))
     return control, singles
+
+
+def _frozen_evidence(lab: Lab, path: Path, was, now) -> list[str]:
+    evidence = [f"{path}: captured {was!r}, live {now!r}: the graph replays the captured value"]
+    for moved_path, (a, b) in lab.moved.items():
+        if str(moved_path) == str(path):
+            evidence.append(f"{path} is advanced by the callable itself (run eagerly it moved {a!r} -> {b!r}): "
+                            "a replay runs no Python, so it neither reads the live value nor moves it")
+    return evidence
 
 
 def _absent(lab: Lab, path: Path, restores: bool) -> Experiment:

@@ -26,6 +26,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from parity.graphs.host_state import values_of
+
 # Frames of these files belong to capture machinery (the audit's, the emulated graphs' op checks, torch's),
 # not to the user's block.
 _MACHINERY = (os.path.dirname(__file__) + os.sep, os.path.join(os.path.dirname(os.path.dirname(__file__)), "graphs")
@@ -89,6 +91,7 @@ class BlockSpy:
         self.calls: list[tuple[types.CodeType, dict]] = []
         self.results: dict[int, object] = {}    # call index -> what it returned
         self.launching: set[int] = set()         # calls that launched kernels on memory from before the capture
+        self.entry_host: list[dict] = []         # per call: the host values its roots held as it began
         self.current: int | None = None
         self._previous = None
         self._ops = _CallOps(self, tracer)
@@ -111,6 +114,7 @@ class BlockSpy:
             return local
         self.current = len(self.calls)
         self.calls.append((frame.f_code, dict(frame.f_locals)))
+        self.entry_host.append(_host_at_entry(*self.calls[-1]))
         if local is None:
             frame.f_trace_lines = False
         return self._returned(local, self.current)
@@ -136,6 +140,12 @@ class BlockSpy:
         """The block's callable, rebuilt as (callable, args, kwargs); None when there is no single one."""
         index = self.chosen()
         return None if index is None else rebuild(*self.calls[index])
+
+    @property
+    def host_before(self) -> dict:
+        """The host values the chosen call's roots held as it began (what its graph baked)."""
+        index = self.chosen()
+        return {} if index is None else self.entry_host[index]
 
     @property
     def result(self):
@@ -176,6 +186,12 @@ def _arguments(code: types.CodeType, local: dict, skip: int) -> tuple[tuple, dic
     if code.co_flags & inspect.CO_VARKEYWORDS:
         kwargs.update(local[names[at]])
     return tuple(args), kwargs
+
+
+def _host_at_entry(code: types.CodeType, local: dict) -> dict:
+    """The host values a method's object holds as the call begins (keyed as the record's, from root `self`)."""
+    names = code.co_varnames[:code.co_argcount]
+    return values_of({"self": local[names[0]]}) if names and names[0] == "self" and "self" in local else {}
 
 
 def rebuild(code: types.CodeType, local: dict) -> BlockCall | None:

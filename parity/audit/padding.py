@@ -38,13 +38,15 @@ def padding_roles(lab: Lab, padded: int, spec: dict | None) -> list[Role]:
     """The per-step inputs with `padded` rows, plus the roles named in `spec`, one per tensor."""
     picked: dict[tuple[int, int], Role] = {}
     spec = spec or {}
+    roles = [r for r in lab.record.roles if r.tensor.dim() and r.tensor.shape[0] == padded and not r.written
+             and r.tensor.dtype != torch.bool]
+    # A tensor is a per-step input when any of its roles says so (declared, named in `spec`, written since
+    # capture); it is named as every other check names it (`Role.owner_rank`), a `spec` name first.
+    inputs = {(r.storage, r.address) for r in roles if r.name in spec or r.declared or r.changed()}
     # NOTE: the persistent buffer (a path that still reaches the captured tensor) names it best.
-    for role in sorted(lab.record.roles, key=lambda r: (resolve(r.path, lab.roots) is not r.tensor,
-                                                        not r.declared) + r.owner_rank):
-        t = role.tensor
-        if not t.dim() or t.shape[0] != padded or role.written or t.dtype == torch.bool:
-            continue
-        if role.name in spec or role.declared or role.changed():
+    for role in sorted(roles, key=lambda r: (resolve(r.path, lab.roots) is not r.tensor, r.name not in spec)
+                       + r.owner_rank):
+        if (role.storage, role.address) in inputs:
             picked.setdefault((role.storage, role.address), role)
     return list(picked.values())
 

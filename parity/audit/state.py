@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from parity.audit.trace import storage_bytes, storage_ptr
+from parity.graphs.host_state import restore_in, values_of
 
 
 @dataclass
@@ -111,12 +112,14 @@ def compare(graph: Result, eager: Result, names: list[str], rows: int | None = N
 
 
 class Snapshot:
-    """The bytes of a set of storages, to put back later."""
+    """The bytes of a set of storages, to put back later; with `roots`, the host values they reach too."""
 
-    def __init__(self, tensors=()):
+    def __init__(self, tensors=(), roots: dict | None = None):
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for t in tensors:
             self.add(t)
+        self.roots = roots
+        self.host = values_of(roots) if roots is not None else {}
 
     def add(self, t: torch.Tensor) -> None:
         ptr = storage_ptr(t)
@@ -130,3 +133,5 @@ class Snapshot:
     def restore(self) -> None:
         for live, saved in self.saved.values():
             live.copy_(saved)
+        if self.roots is not None:
+            restore_in(self.host, self.roots)

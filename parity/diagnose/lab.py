@@ -42,6 +42,7 @@ class Divergence:
     replays: int = 0            # forwards re-run to test a hypothesis
     ruled_out: list = field(default_factory=list)    # experiments that did not restore parity, in order
     reads: dict | None = None   # role -> holders the reference forward reads (`readset.py`), once asked for
+    ref_writes: set = field(default_factory=set)     # roles the reference forward writes (traced with `reads`)
 
     @property
     def dispatch(self):

@@ -1,4 +1,4 @@
-"""The full read set of the reference forward at the divergence, by role.
+"""The full read set (and write set) of the reference forward at the divergence, by role.
 
 The reference forward is re-run from its pre-state under a dispatch-mode
 tracer that collects every storage its ops read; each storage is named by its
@@ -19,62 +19,83 @@ import dataclasses
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import registry_of
 from parity.graphs.manifest import object_tensors, role_name
+from parity.graphs.touched import Touched
 
 
-class _Reads(TorchDispatchMode):
+class _Traced(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.storages: set[int] = set()
+        self.touched = Touched()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        for t in tree_flatten((args, kwargs or {}))[0]:
-            if isinstance(t, torch.Tensor) and t.numel():
-                self.storages.add(t.untyped_storage().data_ptr())
+        self.touched.add(func, args, kwargs or {})
         return func(*args, **(kwargs or {}))
 
 
 def reference_reads(lab: Divergence) -> dict[str, set[str]]:
     """role name -> holders ("registry", "metadata object", "kv cache", "object") of every tensor the reference
-    forward reads; traced once per lab (`lab.reads`)."""
+    forward reads; traced once per lab (`lab.reads`, and `lab.ref_writes`: the roles it writes)."""
     if lab.reads is None:
-        lab.reads = _traced(lab)
+        _trace(lab)
     return lab.reads
 
 
-def _traced(lab: Divergence) -> dict[str, set[str]]:
-    ref, ev_r = lab.ref, lab.ev_r
+def reference_writes(lab: Divergence) -> set[str]:
+    """The roles the reference forward writes in place (its KV cache, the buffers it fills)."""
+    if lab.reads is None:
+        _trace(lab)
+    return lab.ref_writes
+
+
+def graph_writes(lab: Divergence) -> set[str]:
+    """The roles the graph the forward replayed writes in its captured pieces, named on the graph run."""
+    named = storage_roles(lab.graph, lab.ev_g)
+    return {role for storage in lab.entry.graph.write_storages for role, _ in named.get(storage, ())}
+
+
+def _trace(lab: Divergence) -> None:
+    ev_r = lab.ev_r
     lab.restore("ref")
-    tracer = _Reads()
+    tracer = _Traced()
     lab.replays += 1
     with tracer, torch.no_grad():
         lab.forward("ref")(ev_r.dispatch.num_tokens_padded, ev_r.dispatch.num_reqs_padded, ev_r.meta)
     lab.restore("ref")
-    roles: dict[str, set[str]] = {}
-    registry = registry_of(ref, ev_r.owner)
+    named = storage_roles(lab.ref, ev_r)
+    lab.reads = {}
+    for storage in tracer.touched.read_storages:
+        for role, holder in named.get(storage, ()):
+            lab.reads.setdefault(role, set()).add(holder)
+    lab.ref_writes = {role for storage in tracer.touched.write_storages for role, _ in named.get(storage, ())}
+
+
+def storage_roles(engine, event) -> dict[int, list[tuple[str, str]]]:
+    """storage -> (role, holder) of every tensor the forward's owner can hand a kernel: its registry's buffers,
+    the metadata object's tensors (when not the same-named buffer's), its KV cache, its attributes."""
+    found: dict[int, list[tuple[str, str]]] = {}
+
+    def add(tensor, role, holder):
+        found.setdefault(tensor.untyped_storage().data_ptr(), []).append((role, holder))
+
+    registry = registry_of(engine, event.owner)
     for name, tensor in registry.items():
-        if tensor.untyped_storage().data_ptr() in tracer.storages:
-            roles.setdefault(name, set()).add("registry")
-    for f in dataclasses.fields(ev_r.meta):
-        value = getattr(ev_r.meta, f.name)
-        if not isinstance(value, torch.Tensor) or value.untyped_storage().data_ptr() not in tracer.storages:
-            continue
-        held = registry[f.name] if f.name in registry else None
-        if held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr():
-            roles.setdefault(f.name, set()).add("metadata object")
-    cache = ref.owner(ev_r.owner).kv_cache.tensors()
-    if any(t.untyped_storage().data_ptr() in tracer.storages for t in cache):
-        roles["kv_cache"] = {"kv cache"}
-    fields = [getattr(ev_r.meta, f.name) for f in dataclasses.fields(ev_r.meta)]
-    named = {t.untyped_storage().data_ptr() for t in [*(t for _, t in registry.items()), *cache, *fields]
-             if isinstance(t, torch.Tensor)}
-    for path, tensor in object_tensors(ref.owner(ev_r.owner)):
-        storage = tensor.untyped_storage().data_ptr()
-        if storage in tracer.storages and storage not in named:
-            named.add(storage)
-            roles.setdefault(role_name(path), set()).add("object")
-    return roles
+        add(tensor, name, "registry")
+    fields = [(f.name, getattr(event.meta, f.name)) for f in dataclasses.fields(event.meta)]
+    for name, value in fields:
+        held = registry[name] if name in registry else None
+        if isinstance(value, torch.Tensor) and (
+                held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
+            add(value, name, "metadata object")
+    cache = engine.owner(event.owner).kv_cache.tensors()
+    for tensor in cache:
+        add(tensor, "kv_cache", "kv cache")
+    taken = set(found)
+    for path, tensor in object_tensors(engine.owner(event.owner)):
+        if tensor.untyped_storage().data_ptr() not in taken:
+            taken.add(tensor.untyped_storage().data_ptr())
+            add(tensor, role_name(path), "object")
+    return found

@@ -26,44 +26,83 @@ import dataclasses
 
 import torch
 
-from parity.analysis.kinds import FROZEN_AT_CAPTURE, UNEXPLAINED
+from parity.analysis.kinds import CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
 from parity.diagnose.diagnosis import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.probes import probe_layers
+from parity.diagnose.readset import graph_writes, reference_writes
 from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
+from parity.graphs.modes import PIECEWISE
+
+
+def recaptured(lab: Divergence, fields: dict, contents=()) -> bool:
+    """Re-capture the forward from the capture-time metadata with `fields` set (host values, or inputs that
+    were absent), the buffers `contents` put back to what the original capture saw, and replay it on the live
+    state: does it give the reference's outputs?"""
+    d, executor, entry, fn = lab.dispatch, lab.executor, lab.entry, lab.forward()
+    meta = dataclasses.replace(entry.capture_meta, **fields)
+    registries = {(r.owner, name): t for r in executor.registries for name, t in r.items()}
+    lab.restore()
+    for key in contents:
+        registries[key].copy_(entry.captured_contents[key])
+    g = capture(executor.backend, executor.backend.new_pool("bisect"),
+                lambda: fn(d.num_tokens_padded, d.num_reqs_padded, meta),
+                piecewise=d.runtime_mode == PIECEWISE, weak_outputs=False)
+    lab.restore()
+    lab.replays += 1
+    return lab.matches(g.replay(lab.ev_g.meta))
+
+
+def absent_inputs(lab: Divergence) -> Diagnosis | None:
+    """CAPTURE_CONTEXT when a metadata input was absent (None) at capture and the re-capture with only it
+    present restores parity: the graph lacks the work that reads it (named: the writes it skips, and the
+    input). None (ruled out) otherwise."""
+    live = lab.ev_g.meta
+    absent = sorted(k for k, v in lab.entry.captured_with.items()
+                    if v is None and isinstance(getattr(live, k, None), torch.Tensor))
+    if not absent or _restores(lab, {}):     # the control: a re-capture as captured must still differ
+        return None
+    for name in absent:
+        if not _restores(lab, {name: getattr(live, name)}):
+            lab.ruled_out.append(f"re-capture with only {name} present (None at capture)")
+            continue
+        skipped = sorted(reference_writes(lab) - graph_writes(lab))
+        evidence = [f"{name} was None in the capture-time metadata and holds a tensor in the live metadata: what "
+                    "the forward does with it never ran at capture, and a replay runs no Python"]
+        if skipped:
+            evidence.append(f"the reference forward writes {', '.join(skipped)}; the captured graph never "
+                            f"writes {'it' if len(skipped) == 1 else 'them'}")
+        experiment = (f"re-capture with only {name} present (the live metadata's tensor; None at capture), same "
+                      "addresses: replaying restores bitwise parity; the control re-capture as captured does not")
+        return lab.diagnosis(CAPTURE_CONTEXT, [*skipped, name], evidence=evidence + [experiment],
+                             experiment=experiment)
+    return None
+
+
+def _restores(lab: Divergence, fields: dict) -> bool:
+    try:
+        return recaptured(lab, fields)
+    except (RuntimeError, IndexError, ValueError, TypeError, AttributeError):   # not capturable so
+        return False
 
 
 def stage(lab: Divergence) -> Diagnosis:
     """The last stage: FROZEN_AT_CAPTURE when a re-capture isolates a baked value, else UNEXPLAINED."""
-    dispatch, live_meta, entry, executor = lab.dispatch, lab.ev_g.meta, lab.entry, lab.executor
+    live_meta, entry, executor = lab.ev_g.meta, lab.entry, lab.executor
     live_fields = python_fields(live_meta)
     captured = entry.captured_with
     differing = sorted(k for k in live_fields if captured.get(k) != live_fields[k])
-    fn = lab.forward()
     registries = {(r.owner, name): t for r in executor.registries for name, t in r.items()}
 
     def recaptured_matches(live: dict, contents=()) -> bool:
-        """Re-capture from the live state with host values `live` changed and the buffers `contents` set to
-        what the original capture saw; replay on the live state."""
+        """Re-capture with host values `live` changed and the buffers `contents` as the original capture saw."""
         try:
-            return _recaptured_matches(live, contents)
+            return recaptured(lab, live, contents)
         except (RuntimeError, IndexError, ValueError) as exc:   # the forward cannot run on these values
             ruled.append(f"re-capture with {sorted(live) or 'the captured values'} failed: {str(exc)[:80]}")
             return False
-
-    def _recaptured_matches(live: dict, contents) -> bool:
-        meta = dataclasses.replace(entry.capture_meta, **live)
-        lab.restore()
-        for key in contents:
-            registries[key].copy_(entry.captured_contents[key])
-        g = capture(executor.backend, executor.backend.new_pool("bisect"),
-                    lambda: fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta),
-                    piecewise=dispatch.runtime_mode == "piecewise", weak_outputs=False)
-        lab.restore()
-        lab.replays += 1
-        return lab.matches(g.replay(live_meta))
 
     ruled = lab.ruled_out
     if recaptured_matches({}):

@@ -47,6 +47,12 @@ class CapturedGraph:
     def read_storages(self) -> set[int]:
         return set().union(*(s.read_storages for s in self.segments))
 
+    @property
+    def write_storages(self) -> set[int]:
+        """The storages the captured pieces write in place (a PIECEWISE graph's eager attention is not among
+        them: it runs live at every replay)."""
+        return set().union(*(s.write_storages for s in self.segments))
+
     def replay(self, meta=None) -> tuple:
         """Replay every piece; PIECEWISE attention runs eagerly on `meta`, the live metadata."""
         with one_forward():

@@ -9,28 +9,28 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from parity.graphs.touched import Touched
 
 
 class _ReadTracer(TorchDispatchMode):
-    """Collects the storages every captured op touches, for the capture manifest."""
+    """Collects the storages every captured op touches and writes, for the capture manifest."""
 
     def __init__(self):
         super().__init__()
-        self.read_storages: set[int] = set()
+        self.touched = Touched()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        for t in tree_flatten((args, kwargs))[0]:
-            if isinstance(t, torch.Tensor) and t.numel():
-                self.read_storages.add(t.untyped_storage().data_ptr())
+        self.touched.add(func, args, kwargs)
         return func(*args, **kwargs)
 
 
 class CudaSegment:
-    def __init__(self, graph: torch.cuda.CUDAGraph, read_storages: set[int]):
+    def __init__(self, graph: torch.cuda.CUDAGraph, touched: Touched):
         self.graph = graph
-        self.read_storages = read_storages
+        self.read_storages = touched.read_storages
+        self.write_storages = touched.write_storages
 
     def replay(self) -> None:
         self.graph.replay()
@@ -90,7 +90,7 @@ class CudaBackend:
         capture.graph.capture_end()
         capture.stream_ctx.__exit__(None, None, None)
         torch.cuda.synchronize(self.device)
-        return CudaSegment(capture.graph, capture.tracer.read_storages)
+        return CudaSegment(capture.graph, capture.tracer.touched)
 
     def abort(self, capture: _Capture) -> None:
         capture.tracer.__exit__(None, None, None)

@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from parity.errors import CaptureSyncError
+from parity.graphs.touched import Touched
 from parity.graphs.emulated_pool import EmulatedPool
 
 aten = torch.ops.aten
@@ -117,7 +118,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.ops: list[tuple] = []
         self.pool = pool
-        self.read_storages: set[int] = set()
+        self.touched = Touched()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -130,9 +131,7 @@ class _Recorder(TorchDispatchMode):
                 raise CaptureSyncError("boolean-mask indexing (a data-dependent shape) needs a host sync and "
                                        "cannot be captured in a graph")
         out = func(*args, **kwargs)
-        for t in tree_flatten((args, kwargs))[0]:
-            if isinstance(t, torch.Tensor) and t.numel():
-                self.read_storages.add(_storage_ptr(t))
+        self.touched.add(func, args, kwargs)
         kind = _classify(func, args, kwargs, out)
         if kind == VIEW:
             if self.pool is not None:
@@ -166,9 +165,10 @@ class _Recorder(TorchDispatchMode):
 class EmulatedSegment:
     """One captured piece: replay re-runs its ops on the captured tensors."""
 
-    def __init__(self, ops: list[tuple], read_storages: set[int]):
+    def __init__(self, ops: list[tuple], touched: Touched):
         self.ops = ops
-        self.read_storages = read_storages
+        self.read_storages = touched.read_storages
+        self.write_storages = touched.write_storages
 
     def replay(self) -> None:
         for func, args, kwargs, outs in self.ops:
@@ -207,7 +207,7 @@ class EmulatedBackend:
 
     def end(self, recorder: _Recorder) -> EmulatedSegment:
         self.abort(recorder)
-        return EmulatedSegment(recorder.ops, recorder.read_storages)
+        return EmulatedSegment(recorder.ops, recorder.touched)
 
     def abort(self, recorder: _Recorder) -> None:
         recorder.__exit__(None, None, None)

@@ -23,9 +23,12 @@ MAX_TUPLE = 16      # a longer tuple is data, not state
 
 def host_values(holder) -> dict[Path, object]:
     """Every host value `holder` reaches through its attributes, by path (shortest paths first)."""
-    if holder is None:
-        return {}
-    roots, values = {OBJECT_ROOT: holder}, {}
+    return values_of({OBJECT_ROOT: holder}) if holder is not None else {}
+
+
+def values_of(roots: dict) -> dict[Path, object]:
+    """Every host value reachable from `roots` ({name: object}), by path (shortest paths first)."""
+    values = {}
     for path, value in walk(roots, max_depth=OBJECT_DEPTH):
         if not isinstance(value, HOST_TYPES):
             continue
@@ -42,9 +45,14 @@ def host_values(holder) -> dict[Path, object]:
 
 
 def moved(before: dict, holder) -> dict[Path, tuple]:
-    """{path: (before, now)} for each host value of `before` that `holder` now holds another value at (one entry
+    """{path: (before, now)} for each host value of `before` that `holder` now holds another value at."""
+    return moved_in(before, {OBJECT_ROOT: holder})
+
+
+def moved_in(before: dict, roots: dict) -> dict[Path, tuple]:
+    """{path: (before, now)} for each host value of `before` now held at another value among `roots` (one entry
     per attribute: a value reached by several paths is named by the first)."""
-    roots, found, seen = {OBJECT_ROOT: holder}, {}, set()
+    found, seen = {}, set()
     for path, old in before.items():
         now = resolve(path, roots)
         if now is MISSING or same(old, now):
@@ -59,7 +67,11 @@ def moved(before: dict, holder) -> dict[Path, tuple]:
 
 def restore(before: dict, holder) -> None:
     """Put back every host value of `before` that `holder` now holds another value at."""
-    roots = {OBJECT_ROOT: holder}
+    restore_in(before, {OBJECT_ROOT: holder})
+
+
+def restore_in(before: dict, roots: dict) -> None:
+    """Put back every host value of `before` now held at another value among `roots`."""
     for path, old in before.items():
         now = resolve(path, roots)
         if now is not MISSING and not same(old, now):
