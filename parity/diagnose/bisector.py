@@ -6,11 +6,11 @@ import dataclasses
 
 import torch
 
-from parity.analysis.kinds import BUFFER_REASSIGNED, NONE, SHORT_BUFFER, UNEXPLAINED
+from parity.diagnosis.kinds import BUFFER_REASSIGNED, NONE, SHORT_BUFFER, UNEXPLAINED
 from parity.diagnose import (capture_error, descriptor, experiments, host_moves, lifetime, padding, pool, readset,
                              recapture, reproducible)
 from parity.diagnose.explain import explain
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.state import diff_rows, executor_of, max_diff, outputs, snapshot
 from parity.engine.spec_decode import RunEvents
 from parity.graphs.capacity import ShortBuffers

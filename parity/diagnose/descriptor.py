@@ -20,7 +20,7 @@ at the divergent forward (`diagnose`).
 
 from __future__ import annotations
 
-from parity.analysis.kinds import DESCRIPTOR_MISMATCH, WRONG_GRAPH
+from parity.diagnosis.kinds import DESCRIPTOR_MISMATCH, WRONG_GRAPH
 from parity.diagnose.state import executor_of, forward_fn, restore
 from parity.graphs.capture import capture
 from parity.graphs.modes import PIECEWISE

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.analysis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
+from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
 from parity.diagnose.delta_debug import ddmin
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, registry_of, restore
 from parity.graphs.manifest import live_object_tensor

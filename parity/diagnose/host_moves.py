@@ -25,7 +25,7 @@ itself advances.
 
 from __future__ import annotations
 
-from parity.analysis.kinds import FROZEN_AT_CAPTURE
+from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
 from parity.diagnose.state import forward_fn, host_moves, restore
 from parity.graphs import host_state
 from parity.graphs.capture import capture

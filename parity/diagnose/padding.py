@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
+from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
 from parity.diagnose.state import forward_fn, max_diff, outputs, restore
 from parity.engine.buffers import FREE, poison_padding

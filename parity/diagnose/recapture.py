@@ -26,7 +26,7 @@ import dataclasses
 
 import torch
 
-from parity.analysis.kinds import FROZEN_AT_CAPTURE, UNEXPLAINED
+from parity.diagnosis.kinds import FROZEN_AT_CAPTURE, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
 from parity.diagnose.probes import probe_layers
 from parity.diagnose.state import forward_fn, restore

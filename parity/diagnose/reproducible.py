@@ -27,7 +27,7 @@ reproducible and what was seen.
 
 from __future__ import annotations
 
-from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
+from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnose.padding import padded_kv_writes, rerun
 from parity.diagnose.state import max_diff, restore
 
