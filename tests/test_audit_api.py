@@ -271,11 +271,3 @@ def test_a_session_block_audits_every_capture_in_it():
     assert [a.name for a in session.audits] == ["Toy.forward()"]
     assert [(e.kind, e.buffers) for e in session.errors] == [("STALE_BUFFER", ["self.static.pos"])]
 
-
-def test_the_diagnosis_dict_has_the_keys_parity_bisect_json_prints():
-    # One shape for both: a diagnosis from parity.audit reads like one from `parity bisect --json`.
-    import dataclasses
-
-    from parity.diagnose.diagnosis import Diagnosis
-
-    assert list(DIAGNOSIS_KEYS) == [f.name for f in dataclasses.fields(Diagnosis)]

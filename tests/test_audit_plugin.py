@@ -56,7 +56,7 @@ def runs(tmp_path_factory) -> dict:
 def test_planted_bug_fails_the_suite_with_the_panel(runs):
     returncode, output, junit = runs["frozen"]
     assert returncode == 1, output[-3000:]
-    assert "FROZEN_AT_CAPTURE" in output and "╭─ parity.audit" in output
+    assert "FROZEN_AT_CAPTURE" in output and "╭─ diagnosis" in output
     assert "self.draft_step" in output and "2 failed" in output
     cases = list(ET.parse(junit).getroot().iter("testcase"))
     properties = {p.get("name"): p.get("value") for case in cases for p in case.iter("property")}

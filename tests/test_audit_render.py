@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from parity.audit import DIAGNOSIS_KEYS, render_diagnosis
-from parity.audit.render import MEANING
+from parity.audit.diagnosis import make_diagnosis
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "audit"
 
@@ -27,9 +27,12 @@ def test_panel_matches_golden():
     assert "\x1b[" not in text and all(len(line) <= 100 for line in text.splitlines())
 
 
-def test_every_kind_has_a_meaning_and_long_lists_are_cut():
-    from parity.audit.diagnosis import KINDS, make_diagnosis
-    assert set(MEANING) == set(KINDS)
+def test_the_guide_shows_the_golden_panel():
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "audit.md").read_text()
+    assert (GOLDEN / "stale_buffer.txt").read_text() in guide, "docs/audit.md section 3: paste the golden panel"
+
+
+def test_long_lists_are_cut():
     d = make_diagnosis("UNEXPLAINED", [], owner="g", replay=3, ruled_out=[f"experiment {i}" for i in range(9)])
     text = render_diagnosis(d, width=100)
     assert "experiment 5" in text and "experiment 6" not in text and "... and 3 more" in text

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from parity.analysis.kinds import CAPTURE_ERROR, DESCRIPTOR_MISMATCH, WRONG_GRAPH
 from parity.diagnose import capture_error
 from parity.diagnose.descriptor import kind_of
+from parity.diagnosis.kinds import CAPTURE_ERROR, DESCRIPTOR_MISMATCH, WRONG_GRAPH
 from parity.graphs.capture import capture
 from parity.graphs.capture_errors import CaptureError, engine_source, import_name
 from parity.graphs.descriptor import BatchDescriptor, CapturedFor, Dispatch, WrongGraph

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from parity.analysis.kinds import BUFFER_REASSIGNED, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE, PADDING_LEAK
+from parity.diagnosis.kinds import BUFFER_REASSIGNED, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE, PADDING_LEAK
 from parity.diagnose import descriptor, experiments, host_moves, padding, rebound, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder

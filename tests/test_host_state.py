@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from parity.analysis.kinds import FROZEN_AT_CAPTURE
 from parity.diagnose.bisector import bisect_mode
+from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
 from parity.engine.parts import EngineParts
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.engine.target_runner import TargetRunner

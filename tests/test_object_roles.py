@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from parity.analysis.kinds import BUFFER_REASSIGNED
+from parity.diagnosis.kinds import BUFFER_REASSIGNED
 from parity.engine.parts import EngineParts
 from parity.engine.proposer import EagleProposer
 from parity.engine.spec_decode import SpecDecodeEngine

@@ -29,8 +29,9 @@ from parity.audit.adapters import KeyedAudit, audited_graph, graphed
 from parity.audit.audit import GraphAudit
 from parity.audit.auto import AuditSession, auto_audit
 from parity.audit.capture import capturing, paused_gc
-from parity.audit.diagnosis import DIAGNOSIS_KEYS, GraphAuditWarning, GraphParityError
-from parity.audit.render import diagnosis_panel, render_diagnosis
+from parity.audit.diagnosis import GraphAuditWarning, GraphParityError
+from parity.diagnosis.panel import diagnosis_panel, render_diagnosis
+from parity.diagnosis.record import DIAGNOSIS_KEYS
 
 __all__ = ["DIAGNOSIS_KEYS", "AuditSession", "GraphAudit", "GraphAuditWarning", "GraphParityError", "KeyedAudit",
            "audited_graph", "auto_audit", "capturing", "diagnosis_panel", "emulated", "graphed", "paused_gc",

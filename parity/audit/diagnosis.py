@@ -1,21 +1,21 @@
 """What an audit concludes, as plain data: the diagnosis dict, the error that carries it, findings.
 
-The dict has the keys `parity bisect --json` prints (kind, buffers, mode, owner,
-step, phase, draft_step, forward_index, rows, graph, captured_address,
-live_address, evidence, replays, max_abs_diff, timing) plus `experiment`, the
-one-variable experiment that isolated the cause, and `ruled_out`, those that
-did not restore parity. It is built here rather than borrowed from the
-analysis package so the audit stays importable on its own.
+The dict is `Diagnosis.as_dict()` (parity/diagnosis/record.py), the record
+`parity bisect --json` prints: the keys DIAGNOSIS_KEYS (kind, buffers, mode,
+owner, step, phase, draft_step, forward_index, rows, graph, captured_address,
+live_address, evidence, replays, max_abs_diff, timing, experiment, ruled_out,
+also).
 """
 
 from __future__ import annotations
 
-KINDS = ("STALE_BUFFER", "BUFFER_REASSIGNED", "FROZEN_AT_CAPTURE", "PADDING_LEAK", "POOL_ALIAS",
-         "OUTPUT_ALIASED", "CAPTURE_CONTEXT", "NOT_REFRESHED", "UNEXPLAINED")
+from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, NOT_REFRESHED,
+                                    OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS, STALE_BUFFER, UNEXPLAINED)
+from parity.diagnosis.record import Diagnosis
 
-DIAGNOSIS_KEYS = ("kind", "buffers", "mode", "owner", "step", "phase", "draft_step", "forward_index", "rows",
-                  "graph", "captured_address", "live_address", "evidence", "replays", "max_abs_diff", "timing",
-                  "experiment", "ruled_out", "also")
+# The kinds the audit emits (docs/audit.md's table lists exactly these).
+KINDS = (STALE_BUFFER, BUFFER_REASSIGNED, FROZEN_AT_CAPTURE, PADDING_LEAK, POOL_ALIAS, OUTPUT_ALIASED,
+         CAPTURE_CONTEXT, NOT_REFRESHED, UNEXPLAINED)
 
 
 def make_diagnosis(kind: str, buffers, *, owner: str, replay: int, graph: dict | None = None, rows=(),
@@ -31,11 +31,10 @@ def make_diagnosis(kind: str, buffers, *, owner: str, replay: int, graph: dict |
     """
     if kind not in KINDS:
         raise ValueError(f"unknown diagnosis kind {kind!r}")
-    return {"kind": kind, "buffers": list(buffers), "mode": "full", "owner": owner, "step": replay,
-            "phase": phase, "draft_step": None, "forward_index": replay, "rows": list(rows), "graph": graph,
-            "captured_address": captured_address, "live_address": live_address, "evidence": list(evidence),
-            "replays": replays, "max_abs_diff": max_abs_diff, "timing": timing, "experiment": experiment,
-            "ruled_out": list(ruled_out), "also": list(also)}
+    return Diagnosis(kind, list(buffers), "full", owner=owner, step=replay, phase=phase, forward_index=replay,
+                     rows=list(rows), graph=graph, captured_address=captured_address, live_address=live_address,
+                     evidence=list(evidence), replays=replays, max_abs_diff=max_abs_diff, timing=timing,
+                     experiment=experiment, ruled_out=list(ruled_out), also=list(also)).as_dict()
 
 
 class GraphParityError(AssertionError):

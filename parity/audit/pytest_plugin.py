@@ -24,7 +24,7 @@ import pytest
 
 from parity.audit.auto import AuditSession, auto_audit
 from parity.audit.diagnosis import GraphParityError, summary
-from parity.audit.render import render_diagnosis
+from parity.diagnosis.panel import render_diagnosis
 
 _SESSION = pytest.StashKey[AuditSession]()
 _SCOPE = pytest.StashKey[object]()

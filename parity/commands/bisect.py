@@ -6,10 +6,10 @@ import json
 
 from rich.console import Console
 
-from parity.analysis.kinds import NONE
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, run_request
+from parity.diagnosis.kinds import NONE
+from parity.diagnosis.panel import diagnosis_panel
 from parity.harness.session import bisect_session
-from parity.report.diagnosis import diagnosis_panel
 
 
 def register(sub) -> None:

@@ -31,6 +31,6 @@ were switched on when an engine was built.
 """
 
 from parity.diagnose.bisector import Bisector, bisect_mode
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.record import Diagnosis
 
 __all__ = ["Bisector", "Diagnosis", "bisect_mode"]

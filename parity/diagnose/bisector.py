@@ -6,10 +6,10 @@ import dataclasses
 
 import torch
 
-from parity.analysis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
+from parity.diagnosis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
 from parity.diagnose import (capture_error, descriptor, experiments, host_moves, lifetime, padding, pool, rebound,
                              recapture, reproducible)
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence, run_stages
 from parity.diagnose.state import diff_rows, max_diff, outputs, snapshot
 from parity.engine.spec_decode import RunEvents

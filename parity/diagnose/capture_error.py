@@ -10,8 +10,8 @@ capturing it fails.
 
 from __future__ import annotations
 
-from parity.analysis.kinds import CAPTURE_ERROR
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.kinds import CAPTURE_ERROR
+from parity.diagnosis.record import Diagnosis
 from parity.graphs.capture_errors import CaptureError
 
 

@@ -20,8 +20,8 @@ at the divergent forward (`diagnose`).
 
 from __future__ import annotations
 
-from parity.analysis.kinds import DESCRIPTOR_MISMATCH, WRONG_GRAPH
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.kinds import DESCRIPTOR_MISMATCH, WRONG_GRAPH
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import forward_fn
 from parity.graphs.capture import capture

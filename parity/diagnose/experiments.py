@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.analysis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
+from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
 from parity.diagnose.delta_debug import ddmin
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.readset import reference_reads
 from parity.diagnose.state import registry_of

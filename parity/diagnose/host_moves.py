@@ -25,8 +25,8 @@ itself advances.
 
 from __future__ import annotations
 
-from parity.analysis.kinds import FROZEN_AT_CAPTURE
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import host_moves
 from parity.graphs import host_state

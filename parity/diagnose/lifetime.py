@@ -18,7 +18,7 @@ every copy tried) and the padding stage goes on.
 
 from __future__ import annotations
 
-from parity.analysis.kinds import NONE, OUTPUT_ALIASED
+from parity.diagnosis.kinds import NONE, OUTPUT_ALIASED
 from parity.analysis.reference_parity import describe, reference_parity
 from parity.engine.spec_decode import ForwardEvent
 

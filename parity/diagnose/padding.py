@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
+from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import max_diff
 from parity.engine.buffers import FREE, poison_padding

@@ -10,7 +10,7 @@ alone, nothing isolated the cause: UNEXPLAINED, saying what was tried.
 
 from __future__ import annotations
 
-from parity.analysis.kinds import POOL_ALIAS, UNEXPLAINED
+from parity.diagnosis.kinds import POOL_ALIAS, UNEXPLAINED
 from parity.diagnose.state import state_tensors
 from parity.graphs.manager import restore_tensors, snapshot_tensors
 

@@ -24,8 +24,8 @@ import dataclasses
 
 import torch
 
-from parity.analysis.kinds import BUFFER_REASSIGNED
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.kinds import BUFFER_REASSIGNED
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import max_diff, outputs, registry_of
 

@@ -26,9 +26,9 @@ import dataclasses
 
 import torch
 
-from parity.analysis.kinds import CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, UNEXPLAINED
+from parity.diagnosis.kinds import CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, UNEXPLAINED
 from parity.diagnose.delta_debug import ddmin
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.probes import probe_layers
 from parity.diagnose.readset import graph_writes, reference_writes

@@ -27,8 +27,8 @@ reproducible and what was seen.
 
 from __future__ import annotations
 
-from parity.analysis.kinds import PADDING_LEAK, UNEXPLAINED
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
+from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.padding import padded_kv_writes
 from parity.diagnose.state import max_diff

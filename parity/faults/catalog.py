@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from parity.analysis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, CAPTURE_ERROR, DESCRIPTOR_MISMATCH,
+from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, CAPTURE_ERROR, DESCRIPTOR_MISMATCH,
                                    FROZEN_AT_CAPTURE, NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS,
                                    SHORT_BUFFER, STALE_BUFFER, WRONG_GRAPH)
 from parity.errors import ParityInputError

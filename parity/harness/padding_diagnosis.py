@@ -11,8 +11,8 @@ they differ, the answer comes from here.
 from __future__ import annotations
 
 from parity.analysis.compare import describe_leak
-from parity.analysis.kinds import NONE, PADDING_LEAK, PADDING_NUMERICS, UNEXPLAINED
-from parity.diagnose.diagnosis import Diagnosis
+from parity.diagnosis.kinds import NONE, PADDING_LEAK, PADDING_NUMERICS, UNEXPLAINED
+from parity.diagnosis.record import Diagnosis
 from parity.harness.modes import run_reference
 
 TWO_POISONS = "a FREE padded entry, a buffer tail or an unowned KV slot read by a live row (two poisons)"

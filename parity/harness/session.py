@@ -10,10 +10,11 @@ import weakref
 from dataclasses import dataclass
 
 from parity.analysis.compare import compare_runs
-from parity.analysis.kinds import NONE
 from parity.analysis.reference_parity import reference_parity
 from parity.analysis.summary import build_summary
 from parity.diagnose import bisect_mode
+from parity.diagnosis.kinds import NONE
+from parity.diagnosis.record import Diagnosis
 from parity.engine.config import EngineConfig
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
@@ -144,8 +145,7 @@ def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, dev
         comparisons = compare_runs(runs, scenario)
         drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
         if not drifting:
-            return {"kind": NONE, "buffers": [], "mode": None,
-                    "evidence": [f"no mode of {', '.join(modes)} drifts from eager"], "replays": 0}
+            return Diagnosis(NONE, [], None, evidence=[f"no mode of {', '.join(modes)} drifts from eager"]).as_dict()
         mode = drifting[0]
         comparison = comparisons[mode]
         found = padding_diagnosis(pair, scenario, mode, device, request, comparison)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parity.diagnosis.kinds import MEANING, NAMED, UNEXPLAINED
+from parity.diagnosis.panel import describe_where
 from parity.report.atomic import write_text
-from parity.analysis.kinds import EXPLAIN, UNEXPLAINED
-from parity.report.diagnosis import NAMED, describe_where
 from parity.report.modes import refused
 from parity.report.threeway import flips_cell, logprob_cell, numerics_lines, reference_cell, unpadded_lines
 
@@ -122,7 +122,7 @@ def diagnosis_section(summary: dict) -> list[str]:
     if not d:
         return []
     kind = d.get("kind", UNEXPLAINED)
-    lines = ["### Diagnosis", "", f"- kind: **{kind}** — {EXPLAIN.get(kind, '')}"]
+    lines = ["### Diagnosis", "", f"- kind: **{kind}** — {MEANING.get(kind, '')}"]
     if d.get("mode"):
         lines.append(f"- mode: {code_span(d['mode'])}")
     if d.get("buffers"):

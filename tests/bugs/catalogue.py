@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from parity.analysis.kinds import BUG_KINDS
+from parity.diagnosis.kinds import BUG_KINDS
 from parity.graphs.modes import EAGER
 from parity.graphs.modes import MODES as ALL_MODES
 
