@@ -16,14 +16,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from parity.diagnosis.kinds import BUFFER_REASSIGNED, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE, PADDING_LEAK
-from parity.diagnose import descriptor, experiments, host_moves, padding, rebound, reproducible
+from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
+                                    PADDING_LEAK)
+from parity.diagnose import descriptor, experiments, host_moves, padding, rebound, recapture, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs.factory import install_graphs, install_padded_reference
 from parity.graphs.policy import CapturePolicy
+from parity.models import paged_attention
 from tests.conftest import engine_config, make_specs
 from tests.test_host_state import ScheduledTarget
 
@@ -86,6 +88,31 @@ class ZeroPadSlots(MetadataBuilder):
             return super()._fill(name, values, pad, num_tokens)
         host = torch.tensor(values + [0] * pad, dtype=torch.int64)
         self.buffers[name][: len(host)].copy_(host)
+
+
+class NoSlotsAtCapture(MetadataBuilder):
+    """The capture-time metadata has no slot mapping ("nothing to cache while capturing")."""
+
+    def build_dummy(self, num_tokens_padded, num_reqs_padded):
+        meta = super().build_dummy(num_tokens_padded, num_reqs_padded)
+        meta.slot_mapping = None
+        return meta
+
+
+def test_the_absent_input_stage_names_the_write_a_graph_captured_without_its_input_skips(random_pair, monkeypatch):
+    write_kv = paged_attention.write_kv
+    monkeypatch.setattr(paged_attention, "write_kv",    # attention caches nothing when there are no slots
+                        lambda k, v, slots, key, value: None if slots is None else write_kv(k, v, slots, key, value))
+    lab = locate(EngineParts(target_builder=NoSlotsAtCapture, drafter_builder=NoSlotsAtCapture), random_pair)
+    assert experiments.stage(lab) is None and host_moves.stage(lab) is None
+    found = recapture.absent_inputs(lab)
+    assert (found.kind, found.buffers) == (CAPTURE_CONTEXT, ["kv_cache", "slot_mapping"]), found.evidence
+    assert "kv_cache" in lab.ref_writes and any("writes kv_cache; the captured graph never writes it" in line for line in found.evidence)
+
+
+def test_the_absent_input_stage_passes_when_nothing_was_absent_at_capture(random_pair):
+    lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
+    assert recapture.absent_inputs(lab) is None and lab.replays == 0
 
 
 def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passes(random_pair):

@@ -25,7 +25,7 @@ from parity.audit.localise import localise
 from parity.audit.padding import padding_check
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.trace import WriteLog
-from parity.graphs.host_state import moved_in
+from parity.graphs.host_state import moved_in, restore_in
 
 # Diagnoses of a mismatch that name no role: the padding check may explain them.
 UNPLACED = ("UNEXPLAINED", "CAPTURE_CONTEXT")
@@ -74,6 +74,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
         pre.restore()
         eager, log = shadow(record.fn, args, kwargs)
         moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
+        restore_in(pre.host, roots)
         for ptr, (live, saved) in log.saved.items():
             pre.add_bytes(ptr, live, saved)
         replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
