@@ -26,16 +26,20 @@ class CudaBackend:
     def sync(self) -> None:
         torch.cuda.synchronize()
 
-    def recapture(self, fn, args: tuple, kwargs: dict):
-        """(graph, outputs): `fn` warmed up and captured on a side stream into a fresh pool; no trace left."""
+    def recapture(self, fn, args: tuple, kwargs: dict, start=lambda: None):
+        """(graph, outputs): `fn` warmed up and captured on a side stream into a fresh pool; no trace left.
+        `start()` runs before each call (it puts host values where the capture must find them: the warm-up
+        moves any the callable advances itself)."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), WriteLog() as log, torch.cuda.stream(stream):
+            start()
             fn(*args, **kwargs)
         torch.cuda.current_stream().wait_stream(stream)
         log.undo()
         torch.cuda.synchronize()
         graph = _TORCH_GRAPH()
+        start()
         with capture_stack.internal(graph), capture_stack.paused_gc(), torch.no_grad():
             with _TORCH_GRAPH_CTX(graph, pool=torch.cuda.graph_pool_handle(), stream=stream):
                 outputs = fn(*args, **kwargs)
@@ -49,9 +53,11 @@ class EmulatedBackend:
     def sync(self) -> None:
         """Nothing runs asynchronously on the CPU."""
 
-    def recapture(self, fn, args: tuple, kwargs: dict):
-        """(graph, outputs): `fn` captured by the emulated stand-in into a fresh pool (capture leaves no trace)."""
+    def recapture(self, fn, args: tuple, kwargs: dict, start=lambda: None):
+        """(graph, outputs): `fn` captured by the emulated stand-in into a fresh pool (capture leaves no trace);
+        `start()` runs before the call."""
         graph = emulated.CUDAGraph()
+        start()
         with capture_stack.internal(graph), torch.no_grad():
             with emulated.graph(graph, pool=emulated.graph_pool_handle()):
                 outputs = fn(*args, **kwargs)

@@ -26,6 +26,7 @@ from parity.graphs.roles import MISSING, Path, assign, resolve
 from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
 from parity.audit.trace import storage_ptr
 from parity.audit.writes import skipped_writes
+from parity.graphs.host_state import restore_in
 
 MAX_HOST_CANDIDATES = 16
 
@@ -166,17 +167,21 @@ def recapture(lab: Lab, overrides: dict[Path, object]) -> Result:
     """Re-capture the callable with `overrides` applied to the live objects, replay it, undo the overrides."""
     args, kwargs = list(lab.args), dict(lab.kwargs)
     roots = {**lab.roots, "args": args, "kwargs": kwargs}
-    undo = []
     lab.pre.restore()       # NOTE: first: it puts the host values back too, the overrides' included
-    for path, value in overrides.items():
-        old = resolve(path, roots)
-        if assign(path, roots, value):
-            undo.append((path, old))
+    undo = [(path, resolve(path, roots)) for path in overrides]
+
+    def start():
+        """Before each call (a warm-up moves what the callable advances): the pre-replay host values, then the
+        overrides."""
+        restore_in(lab.pre.host, lab.roots)
+        for path, value in overrides.items():
+            assign(path, roots, value)
     try:
-        graph, outputs = lab.audit.backend.recapture(lab.record.fn, tuple(args), kwargs)
+        graph, outputs = lab.audit.backend.recapture(lab.record.fn, tuple(args), kwargs, start)
     finally:
         for path, old in reversed(undo):
-            assign(path, roots, old)
+            if old is not MISSING:
+                assign(path, roots, old)
     tensors = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
     return lab.run(graph.replay, tensors)
 
