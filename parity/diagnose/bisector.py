@@ -160,7 +160,7 @@ class Bisector:
         repairs = experiments.candidates(ref, graph, ev_r, ev_g, snaps, entry, set(reads))
         culprits, others = experiments.confirm(self, graph, ev_g, snaps, out_r, repairs)
         if culprits:
-            return explain(self, graph, ev_g, culprits, others, repairs, **where)
+            return explain(self, ev_g, culprits, others, repairs, **where)
         ruled_out = [r.experiment for r in repairs] or ["no tensor the reference reads differs from what the graph read"]
         split = experiments.split_roles(ref, ev_r, ev_g, entry, reads)
         found = (experiments.static_outputs(self, graph, ev_g, snaps, out_r, entry)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from parity.diagnose.experiments import SPECIFICITY
 
 
-def explain(bisector, graph, ev_g, culprits, others, tried, **where):
+def explain(bisector, ev_g, culprits, others, tried, **where):
     """Kind of the most specific culprit, every culprit's role, the experiment, what was ruled out."""
     culprits = sorted(culprits, key=lambda r: SPECIFICITY.index(r.kind))
     kind = culprits[0].kind
