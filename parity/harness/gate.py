@@ -34,8 +34,8 @@ from parity.harness.run_ids import slug
 from parity.harness.session import check_padding
 from parity.harness.scenario import load_scenario
 from parity.importers.vllm import load_vllm
+from parity.models.zoo import DEFAULT_SCENARIO
 
-DEFAULT_SCENARIO = "scenarios/default.yaml"
 BASELINE_DIR = Path("scenarios/baselines")
 
 
