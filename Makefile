@@ -8,7 +8,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.bootstrapped
 
 MODEL    ?= tiny-llama3-eagle
-SCENARIO ?= scenarios/default.yaml
+# SCENARIO empty: the model's own (scenarios/llama3-eagle.yaml for llama3-eagle, else scenarios/default.yaml)
+SCENARIO ?=
+GATE_SCENARIO = $(or $(SCENARIO),scenarios/default.yaml)
 MODES    ?= all
 BACKEND  ?= auto
 OUT      ?=
@@ -18,7 +20,7 @@ FUZZ_SECONDS ?= 300
 .PHONY: parity smoke test test-gpu bench gate models bugs clean help fuzz
 
 help:
-	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=$(SCENARIO)] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
+	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=the model's own] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
 	@echo "make smoke       seconds: imports, a tiny scenario in every mode, one fault named"
 	@echo "make test        CPU test suite (what CI runs), TEST_WORKERS=$(TEST_WORKERS) xdist workers"
 	@echo "make test-gpu    tests marked gpu (needs CUDA)"
@@ -38,7 +40,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 parity: $(STAMP)
-	$(PY) -m parity run --model $(MODEL) --scenario $(SCENARIO) --modes $(MODES) --backend $(BACKEND) $(if $(OUT),--out $(OUT),)
+	$(PY) -m parity run --model $(MODEL) $(if $(SCENARIO),--scenario $(SCENARIO),) --modes $(MODES) --backend $(BACKEND) $(if $(OUT),--out $(OUT),)
 
 smoke: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/test_smoke.py
@@ -79,4 +81,4 @@ clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
 
 gate: $(STAMP)
-	$(PY) -m parity gate --scenario $(SCENARIO) --model $(MODEL) --baseline scenarios/baselines/$(basename $(notdir $(SCENARIO))).json --junit reports/gate-junit.xml --markdown reports/gate.md
+	$(PY) -m parity gate --scenario $(GATE_SCENARIO) --model $(MODEL) --baseline scenarios/baselines/$(basename $(notdir $(GATE_SCENARIO))).json --junit reports/gate-junit.xml --markdown reports/gate.md

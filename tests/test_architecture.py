@@ -210,7 +210,7 @@ def test_no_production_step_takes_a_parameter_only_the_seam_reads():
 
     variants = [apply([name]) for name in FAULTS] + [(simulate_padding_numerics(EngineParts(), 0.1), CapturePolicy())]
     classes = {cls for parts, policy in variants
-               for cls in [getattr(parts, f.name) for f in dataclasses.fields(parts)] + [policy.executor]}
+               for cls in [*parts.roles().values(), policy.executor]}
     unread = set()
     for cls in classes:
         seam = [c for c in cls.__mro__ if c.__module__.startswith(SEAM_MODULES)]

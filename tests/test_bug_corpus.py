@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# NOTE: every slow test forks a `parity run` child; they inherit what the fixture loads.
+pytestmark = pytest.mark.usefixtures("warm_forked_children")
 GRADER = ROOT / "tests" / "bugs" / "grade.py"
 
 

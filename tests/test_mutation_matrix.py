@@ -30,6 +30,8 @@ from parity.graphs.modes import MODES
 from tests.robustkit import call, run_args
 
 ROOT = Path(__file__).resolve().parent.parent
+# NOTE: every slow test forks a `parity run` child; they inherit what the fixture loads.
+pytestmark = pytest.mark.usefixtures("warm_forked_children")
 GRAPH_MODES = [m for m in MODES if m != "eager"]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 
 import pandas as pd
 import pytest
@@ -25,6 +26,7 @@ from parity.cli import main
 from parity.engine.parts import EngineParts
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.faults.seam import apply
+from parity.harness.modes import yardstick
 from parity.harness.request import RunRequest
 from parity.harness.session import run_session
 from parity.harness.simulated_numerics import simulate_padding_numerics
@@ -72,6 +74,13 @@ def test_the_seam_never_touches_eager(random_pair):
     plain = SpecDecodeEngine(*random_pair, cfg).run(specs)
     seamed = SpecDecodeEngine(*random_pair, cfg, parts=simulate_padding_numerics(EngineParts(), 5.0)).run(specs)
     assert reference_parity(seamed, plain, "eager").bitwise_equal
+
+
+def test_the_yardstick_widens_by_the_scale_the_seam_declares(random_pair):
+    pair = types.SimpleNamespace(target=random_pair[0])
+    assert yardstick(pair, EngineParts()).seam_scale == 0.0
+    seamed = yardstick(pair, simulate_padding_numerics(EngineParts(), SCALE))
+    assert seamed.seam_scale == SCALE and seamed.bound == seamed.dtype_bound + 2 * SCALE
 
 
 def test_a_graph_bug_under_numerics_is_judged_against_the_reference(tmp_path):

@@ -3,7 +3,12 @@ they are missing or will not fit (exit 2, one line that says what to do)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +17,7 @@ from parity.cli import main
 from parity.errors import ParityInputError
 from parity.models import memory, zoo
 
+ROOT = Path(__file__).resolve().parents[1]
 ALL_MODELS = ("tiny-llama3-eagle", "tiny-llama3-eagle3", "llama3-eagle", "llama3.1-eagle3")
 # Meta-Llama-3-8B-Instruct's config (the shapes only).
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -49,9 +55,52 @@ def test_run_real_model_without_weights_exits_2_with_one_line(no_local_weights, 
     for needed in ("meta-llama/Meta-Llama-3-8B-Instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B",  # what
                    str(no_local_weights / "hf" / "hub"),                                       # where it looked
                    "hf download", "--target-path", "--draft-path",                             # how to fix
-                   "PARITY_LLAMA3_EAGLE_TARGET_PATH"):
+                   "PARITY_LLAMA3_EAGLE_TARGET_PATH",
+                   "parity models synth --shape llama3-8b --head eagle1", "parity run --model local"):  # no download
         assert needed in err, f"{needed!r} not in: {err}"
     assert not (no_local_weights / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["llama3-eagle", "llama3.1-eagle3"])
+def test_the_no_download_route_is_a_synth_command_and_the_local_run_of_its_output(no_local_weights, capsys, name):
+    from parity.builders.synth.spec import HEADS, SHAPES
+    assert main(["run", "--model", name, "--quiet"]) == 2
+    synth, run = re.findall(r"`(parity models synth [^`]*|parity run --model local [^`]*)`", capsys.readouterr().err)
+    shape, head = zoo.ZOO[name].synth
+    assert shape in SHAPES and head in HEADS and zoo.ZOO[name].head == head
+    out = synth.split("--out ")[1]
+    assert synth == f"parity models synth --shape {shape} --head {head} --out {out}"
+    assert run == (f"parity run --model local --target-path {out}/target --draft-path {out}/{head} "
+                   f"--scenario scenarios/llama3-eagle.yaml")
+
+
+@pytest.mark.parametrize("name, scenario", [("llama3-eagle", "scenarios/llama3-eagle.yaml"),
+                                            ("llama3.1-eagle3", "scenarios/llama3-eagle.yaml"),
+                                            ("tiny-llama3-eagle", "scenarios/default.yaml"),
+                                            ("local", "scenarios/default.yaml")])
+def test_a_model_runs_its_own_scenario_unless_one_is_given(name, scenario):
+    from parity.commands.common import add_common, run_request
+    parser = argparse.ArgumentParser()
+    add_common(parser)
+    paths = ["--target-path", "t", "--draft-path", "d"] if name == "local" else []
+    assert run_request(parser.parse_args(["--model", name, *paths])).scenario_path == scenario
+    given = parser.parse_args(["--model", name, *paths, "--scenario", "scenarios/s000-eagle-full-k7.yaml"])
+    assert run_request(given).scenario_path == "scenarios/s000-eagle-full-k7.yaml"
+    assert (ROOT / zoo.ZOO[name].scenario).is_file()
+
+
+def test_make_parity_leaves_the_scenario_to_the_model_unless_scenario_is_given(tmp_path):
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make on this machine")
+    stamp = tmp_path / "bootstrapped"       # newer than pyproject.toml: nothing to bootstrap, nothing runs (-n)
+    stamp.touch()
+
+    def dry(*variables):
+        return subprocess.run([make, "-n", "parity", f"STAMP={stamp}", *variables], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout
+    assert "--model llama3-eagle" in dry("MODEL=llama3-eagle") and "--scenario" not in dry("MODEL=llama3-eagle")
+    assert "--scenario scenarios/long-context.yaml" in dry("MODEL=llama3-eagle", "SCENARIO=scenarios/long-context.yaml")
 
 
 def test_explicit_path_without_a_checkpoint_is_named(no_local_weights, capsys):

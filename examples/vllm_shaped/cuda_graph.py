@@ -46,16 +46,16 @@ class CUDAGraphWrapper:
         self.stream = torch.cuda.Stream() if graphs is torch.cuda else None
         self.concrete_cudagraph_entries: dict[BatchDescriptor, CUDAGraphEntry] = {}
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         context = get_forward_context()
         descriptor, mode = context.batch_descriptor, context.cudagraph_runtime_mode
         if mode == CUDAGraphMode.NONE or mode != self.runtime_mode:
-            return self.runnable(*args)
+            return self.runnable(*args, **kwargs)
         entry = self.concrete_cudagraph_entries.setdefault(descriptor, CUDAGraphEntry(descriptor))
         if entry.cudagraph is None:
             cudagraph = self.graphs.CUDAGraph()
             with self.graphs.graph(cudagraph, pool=self.graph_pool, stream=self.stream):
-                output = self.runnable(*args)
+                output = self.runnable(*args, **kwargs)
                 if self.weak_ref_output:
                     # the strong output dies here: its memory goes back to the pool at once
                     output = weak_ref_tensors(self.graphs, output)

@@ -13,11 +13,10 @@ from parity.faults.catalog import resolve_faults
 from parity.faults.seam import apply
 from parity.harness.request import RunRequest
 from parity.harness.simulated_numerics import simulate_padding_numerics
-from parity.models.zoo import check_model_paths
+from parity.models.zoo import DEFAULT_SCENARIO, check_model_paths, scenario_of
 
 EXIT_PASS, EXIT_DRIFT, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143      # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
-DEFAULT_SCENARIO = "scenarios/default.yaml"
 
 
 class Parser(argparse.ArgumentParser):
@@ -77,7 +76,9 @@ def gibibytes(text: str) -> float:
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-llama3-eagle", help="zoo name (see `parity models list`)")
-    p.add_argument("--scenario", default=DEFAULT_SCENARIO, help="scenario YAML file")
+    p.add_argument("--scenario", default=None, help="scenario YAML file (default: the model's own: "
+                                                     "scenarios/llama3-eagle.yaml for llama3-eagle and "
+                                                     f"llama3.1-eagle3, else {DEFAULT_SCENARIO})")
     p.add_argument("--modes", default="all", help="comma-separated modes, or 'all' (eager always runs)")
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "emulated"],
                    help="graph backend: cuda graphs, the CPU emulation, or cuda when available")
@@ -116,7 +117,8 @@ def engine_parts(args) -> dict:
 def run_request(args) -> RunRequest:
     """The harness request of `parity run` / `parity bisect` arguments."""
     check_model_paths(args.model, args.target_path, args.draft_path)
-    return RunRequest(args.model, args.scenario, requested_modes(args.modes), args.backend, **engine_parts(args),
+    return RunRequest(args.model, scenario_of(args.model, args.scenario), requested_modes(args.modes), args.backend,
+                      **engine_parts(args),
                       seed=args.seed, target_path=args.target_path, draft_path=args.draft_path, dtype=args.dtype,
                       bisect=not getattr(args, "no_bisect", False),
                       check_unpadded=getattr(args, "check_unpadded", False))

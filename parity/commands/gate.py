@@ -9,7 +9,7 @@ from parity.commands.outputs import add_force, check_out, save_run
 from parity.errors import ParityInputError
 from parity.harness.gate import GateRequest, check_output_path, run_gate
 from parity.importers.vllm import MAX_COUNT
-from parity.models.zoo import check_model_paths
+from parity.models.zoo import check_model_paths, scenario_of
 from parity.report.atomic import write_json, write_text
 from parity.report.gate import render_gate, render_gate_markdown
 from parity.report.junit import write_junit
@@ -47,7 +47,7 @@ def main(args) -> int:
         if extra:
             raise ParityInputError(f"{', '.join(extra)}: not with --import (imports compare files, not engine runs)")
     check_out(args)
-    request = GateRequest(args.model, args.scenario, requested_modes(args.modes), args.backend,
+    request = GateRequest(args.model, scenario_of(args.model, args.scenario), requested_modes(args.modes), args.backend,
                           **engine_parts(args), seed=args.seed, target_path=args.target_path,
                           draft_path=args.draft_path, dtype=args.dtype, baseline=args.baseline,
                           update_baseline=args.update_baseline, imports=tuple(args.imports),

@@ -23,7 +23,15 @@ class EngineParts:
     proposer: type[EagleProposer] = EagleProposer
     drafter_builder: type[MetadataBuilder] = MetadataBuilder
     records: type[Records] = Records
+    # NOTE: how far these parts' padded forwards are declared to move the logits beyond the dtype's own rounding
+    # (the padding-numerics yardstick widens by twice it); the numerics seam declares its scale here.
+    padding_numerics: float = 0.0
 
     def replace(self, **parts) -> "EngineParts":
-        """These parts with some roles played by other classes."""
+        """These parts with some roles played by other classes (or another declared `padding_numerics`)."""
         return dataclasses.replace(self, **parts)
+
+    def roles(self) -> dict[str, type]:
+        """role -> the class that plays it."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), type)}

@@ -67,5 +67,5 @@ def _one_seed(pair, scenario, mode: str, backend: str, device):
     runs = run_modes(pair, scenario, ("eager", mode), backend, device)
     comparisons = compare_runs(runs, scenario)
     refuse_vacuous(runs.runs, comparisons)
-    return (evaluate_gate(engine_pairings(runs, comparisons, scenario), scenario.tolerances, seed=scenario.seed),
+    return (evaluate_gate(engine_pairings(runs, comparisons), scenario.tolerances, seed=scenario.seed),
             comparisons["eager"].acceptance)

@@ -34,8 +34,8 @@ from parity.harness.run_ids import slug
 from parity.harness.session import check_padding
 from parity.harness.scenario import load_scenario
 from parity.importers.vllm import load_vllm
+from parity.models.zoo import DEFAULT_SCENARIO
 
-DEFAULT_SCENARIO = "scenarios/default.yaml"
 BASELINE_DIR = Path("scenarios/baselines")
 
 
@@ -140,7 +140,7 @@ def _engine_gate(request: GateRequest, progress) -> GateOutcome:
     comparisons = compare_runs(runs, scenario)
     refuse_vacuous(runs.runs, comparisons)
     check_padding(pair, scenario, device, request, runs, comparisons)
-    pairings = engine_pairings(runs, comparisons, scenario, baseline, baseline_path)
+    pairings = engine_pairings(runs, comparisons, baseline, baseline_path)
     refused = run_checks(runs.runs)
     tol = scenario.tolerances
     # Every graph mode refused before it ran leaves nothing to pair: the refusals alone are the verdict.
@@ -186,7 +186,7 @@ def refuse_vacuous(runs: dict, comparisons: dict) -> None:
                                        f"would prove nothing")
 
 
-def engine_pairings(runs, comparisons: dict, scenario, baseline: dict | None = None,
+def engine_pairings(runs, comparisons: dict, baseline: dict | None = None,
                     baseline_path=None) -> list:
     """Each graph mode against eager (acceptance) and its padded reference (parity); each against the baseline."""
     records = {m: from_acceptance(m, "engine", c.acceptance) for m, c in comparisons.items()}

@@ -71,7 +71,7 @@ class RunSet:
 def yardstick(pair, parts: EngineParts) -> Yardstick:
     """The fixed padding-numerics bound of this pair's dtype (and of the numerics seam, when on)."""
     dtype = str(pair.target.lm_head.weight.dtype).removeprefix("torch.")
-    return Yardstick(dtype, float(getattr(parts.target_runner, "numerics_scale", 0.0)))
+    return Yardstick(dtype, parts.padding_numerics)
 
 
 def reference_names(modes, scenario: Scenario) -> dict[str, str]:

@@ -93,4 +93,4 @@ def simulate_padding_numerics(parts: EngineParts, scale: float) -> EngineParts:
                     {"numerics_scale": float(scale)})
     builders = {name: type(f"Flagged{getattr(parts, name).__name__}", (_PaddedFlag, getattr(parts, name)), {})
                 for name in ("target_builder", "drafter_builder")}
-    return parts.replace(target_runner=target, proposer=proposer, **builders)
+    return parts.replace(target_runner=target, proposer=proposer, padding_numerics=float(scale), **builders)

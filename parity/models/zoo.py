@@ -16,6 +16,7 @@ from parity.errors import ParityInputError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_MODEL = "tiny-llama3-eagle"
+DEFAULT_SCENARIO = "scenarios/default.yaml"
 LOCAL_MODEL = "local"
 
 
@@ -27,6 +28,8 @@ class ModelEntry:
     draft_repo: str
     embedded: bool
     description: str
+    scenario: str = DEFAULT_SCENARIO    # what `parity run --model NAME` runs when no --scenario is given
+    synth: tuple[str, str] | None = None    # (shape, head) of `parity models synth` that stands in, no download
 
 
 ZOO: dict[str, ModelEntry] = {e.name: e for e in [
@@ -36,9 +39,9 @@ ZOO: dict[str, ModelEntry] = {e.name: e for e in [
                "the same tiny target + EAGLE-3 head (aux layers 0, 1, 2; draft vocabulary 256), "
                "`parity models build --pair tiny-llama3-eagle3`"),
     ModelEntry("llama3-eagle", "eagle1", "meta-llama/Meta-Llama-3-8B-Instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B",
-               False, "Llama-3-8B-Instruct + EAGLE-1 head"),
+               False, "Llama-3-8B-Instruct + EAGLE-1 head", "scenarios/llama3-eagle.yaml", ("llama3-8b", "eagle1")),
     ModelEntry("llama3.1-eagle3", "eagle3", "meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
-               False, "Llama-3.1-8B-Instruct + EAGLE-3 head"),
+               False, "Llama-3.1-8B-Instruct + EAGLE-3 head", "scenarios/llama3-eagle.yaml", ("llama3-8b", "eagle3")),
     ModelEntry(LOCAL_MODEL, "any", "--target-path DIR", "--draft-path DIR", False,
                "the checkpoints in two local folders (e.g. from `parity models synth`); architecture and head "
                "layout are read from their config.json and weights"),
@@ -49,6 +52,22 @@ def get_entry(name: str) -> ModelEntry:
     if name not in ZOO:
         raise ParityInputError(f"unknown model {name!r}; known models: {', '.join(ZOO)}")
     return ZOO[name]
+
+
+def scenario_of(name: str, scenario: str | None) -> str:
+    """The scenario to run: the one given, else the model's own (an 8B pair's is scenarios/llama3-eagle.yaml)."""
+    return scenario or get_entry(name).scenario
+
+
+def _no_download_route(entry: ModelEntry) -> str:
+    """The synthetic stand-in of `entry`'s shape and head, and the command that runs it (empty if it has none)."""
+    if entry.synth is None:
+        return ""
+    shape, head = entry.synth
+    out = f"/tmp/synth-{shape}-{head}"
+    return (f"; or, with no download, a random-weights pair of the same shape: `parity models synth --shape {shape} "
+            f"--head {head} --out {out}`, then `parity run --model {LOCAL_MODEL} --target-path {out}/target "
+            f"--draft-path {out}/{head} --scenario {entry.scenario}`")
 
 
 def hf_cache_dirs() -> list[Path]:
@@ -140,7 +159,7 @@ def resolve_paths(name: str, target_path: str | None = None, draft_path: str | N
         flags = ", ".join(f"{flag} DIR or {env}" for _, flag, env, _ in missing)
         raise ParityInputError(f"{name}: weights not found locally for {what}; nothing is downloaded at run time: "
                                f"run {how} on a machine with hub access (the Hugging Face cache is then found "
-                               f"offline), or point {flags} at a downloaded snapshot")
+                               f"offline), or point {flags} at a downloaded snapshot{_no_download_route(entry)}")
     return found[0], found[1]
 
 

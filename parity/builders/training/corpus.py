@@ -112,80 +112,83 @@ class _Story:
         items = plural(self.item, 2) if self.item else "things"
         if kind == "give" and self.count < 2:
             kind = "gift"   # nothing to give away: a gift instead
-        getattr(self, f"_event_{kind}")(r, feature, items)
+        # NOTE: an event draws its words for every candidate sentence, then one is chosen: the draw order is the
+        # corpus (a one-sentence event draws no choice)
+        sentences = getattr(self, f"_event_{kind}")(r, feature, items)
+        self.say(r.choice(sentences) if len(sentences) > 1 else sentences[0])
 
-    def _event_give(self, r, feature: str, items: str) -> None:
+    def _event_give(self, r, feature: str, items: str) -> list[str]:
         given = r.randint(1, self.count - 1)
         self.count -= given
-        self.say(r.choice([
+        return [
             f"{self.subject()} gave {NUMBERS[given]} {plural(self.item, given)} to {self.friend}, "
             f"so {self.he} had {NUMBERS[self.count]} left.",
             f"{self.friend} took {NUMBERS[given]} {plural(self.item, given)}, and "
             f"{NUMBERS[self.count]} {'was' if self.count == 1 else 'were'} left.",
-        ]))
+        ]
 
-    def _event_pet(self, r, feature: str, items: str) -> None:
-        self.say(r.choice([
+    def _event_pet(self, r, feature: str, items: str) -> list[str]:
+        return [
             f"the {self.pet} {r.choice(PET_ACTIONS)} {r.choice(PREPS)} the {feature}.",
             f"{self.his} {self.pet} {r.choice(PET_ACTIONS)} {r.choice(ADVERBS)}.",
             f"the {self.pet} looked {r.choice(MOODS)}.",
-        ]))
+        ]
 
-    def _event_meet(self, r, feature: str, items: str) -> None:
+    def _event_meet(self, r, feature: str, items: str) -> list[str]:
         job = r.choice(list(JOBS))
         adj = r.choice(PERSON_ADJ)
-        self.say(f"at the {self.place}, {self.he} met {article(adj)} {adj} {job} who {r.choice(JOBS[job])}.")
+        return [f"at the {self.place}, {self.he} met {article(adj)} {adj} {job} who {r.choice(JOBS[job])}."]
 
-    def _event_feel(self, r, feature: str, items: str) -> None:
-        self.say(r.choice([
+    def _event_feel(self, r, feature: str, items: str) -> list[str]:
+        return [
             f"{self.subject()} felt {r.choice(MOODS)} because the {items} were {r.choice(ITEM_ADJ)}.",
             f"{self.subject()} was {r.choice(MOODS)} and {r.choice(MOODS)}.",
             f"{self.he} felt {r.choice(MOODS)}.",
-        ]))
+        ]
 
-    def _event_eat(self, r, feature: str, items: str) -> None:
-        self.say(r.choice([
+    def _event_eat(self, r, feature: str, items: str) -> list[str]:
+        return [
             f"{self.he} ate {r.choice(FOODS)} and drank {r.choice(DRINKS)}.",
             f"for lunch, {self.he} had {r.choice(FOODS)} with {r.choice(FOODS)}.",
-        ]))
+        ]
 
-    def _event_see(self, r, feature: str, items: str) -> None:
+    def _event_see(self, r, feature: str, items: str) -> list[str]:
         animal = r.choice(WILD)
         n = r.randint(1, 6)
-        self.say(r.choice([
+        return [
             f"{self.subject()} saw {NUMBERS[n]} {r.choice(ITEM_ADJ)} {plural(animal, n)} "
             f"{r.choice(PREPS)} the {feature}.",
             f"a {r.choice(SIZE_ADJ)} {animal} {r.choice(PET_ACTIONS)} {r.choice(PREPS)} the {feature}.",
-        ]))
+        ]
 
-    def _event_talk(self, r, feature: str, items: str) -> None:
+    def _event_talk(self, r, feature: str, items: str) -> list[str]:
         saying = r.choice(SAYINGS).format(place=self.place, pet=self.pet, mood=r.choice(MOODS),
                                           weather=r.choice(WEATHER), he=self.he,
                                           items=items, adj=r.choice(ITEM_ADJ))
-        self.say(r.choice([
+        return [
             f"{self.friend} said that {saying}.",
             f"{self.friend} asked {self.name} about the {items}.",
             f"{self.subject()} told {self.friend} about the {r.choice(list(PLACES))}.",
-        ]))
+        ]
 
-    def _event_weather(self, r, feature: str, items: str) -> None:
-        self.say(r.choice([
+    def _event_weather(self, r, feature: str, items: str) -> list[str]:
+        return [
             f"then the sky turned {r.choice(SKY)}.",
             f"suddenly it began to {r.choice(['rain', 'snow'])}.",
             f"the wind became {r.choice(WIND)}.",
-        ]))
+        ]
 
-    def _event_pack(self, r, feature: str, items: str) -> None:
+    def _event_pack(self, r, feature: str, items: str) -> list[str]:
         things = [f"{article(g)} {g}" for g in r.sample(PACKABLE, 3)]
-        self.say(f"{self.subject()} put {things[0]}, {things[1]} and {things[2]} in {self.his} "
-                 f"{r.choice(['bag', 'basket', 'box'])}.")
+        return [f"{self.subject()} put {things[0]}, {things[1]} and {things[2]} in {self.his} "
+                 f"{r.choice(['bag', 'basket', 'box'])}."]
 
-    def _event_gift(self, r, feature: str, items: str) -> None:
+    def _event_gift(self, r, feature: str, items: str) -> list[str]:
         adj = r.choice(ITEM_ADJ)
-        self.say(r.choice([
+        return [
             f"{self.friend} said thank you and gave {self.name} {article(adj)} {adj} {r.choice(GIFTS)}!",
             f"{self.friend} gave {self.name} {article(adj)} {adj} {r.choice(GIFTS)}.",
-        ]))
+        ]
 
     def night(self) -> None:
         r = self.rng

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
-from parity.builders.training.train import TrainSettings, _lr_at, _optimizer, random_windows
+from parity.builders.training.train import TrainSettings, fit, frozen_target_params
 from parity.models.eagle3 import AUX_IDS_KEY, Eagle3Head
 
 TTT_ATTENTION = "parity_eagle3_ttt"
@@ -132,8 +132,6 @@ def train_eagle3_head(model: LlamaForCausalLM, stream: torch.Tensor, settings: T
                       progress: Callable[[str], None] | None = None) -> tuple[Eagle3Head, list[list[float]]]:
     """Train an EAGLE-3 head on the frozen `model`; returns it (eval) and per-step (loss..., accuracy...) rows."""
     torch.manual_seed(settings.seed)
-    for p in model.parameters():
-        p.requires_grad_(False)
     head = Eagle3Head(eagle3_head_config(model.config, draft_vocab, aux_ids)).share(model.model.embed_tokens)
     d2t, t2d, _ = draft_vocabulary(stream, model.config.vocab_size, draft_vocab)
     with torch.no_grad():
@@ -142,25 +140,18 @@ def train_eagle3_head(model: LlamaForCausalLM, stream: torch.Tensor, settings: T
         # Start from the target's own output rows and final norm: the head learns to land there.
         head.lm_head.proj.weight.copy_(model.lm_head.weight[head.lm_head.target_ids()])
         head.norm.weight.copy_(model.model.norm.weight)
-    shared = {id(p) for p in model.parameters()}
-    params = [p for p in head.parameters() if id(p) not in shared]
+    params = frozen_target_params(model, head)
     head.train()
-    opt = _optimizer(params, settings)
-    rows = []
-    for step in range(settings.steps):
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, settings)
-        batch = random_windows(stream, settings, step)
+
+    def step_loss(batch):
         losses, accuracies = ttt_losses(head, model, batch, aux_ids, ttt_steps)
-        sum(step_decay ** j * loss for j, loss in enumerate(losses)).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        rows.append([loss.item() for loss in losses] + accuracies)
-        if progress and (step + 1) % 25 == 0:
-            recent = rows[-25:]
-            mean = [sum(r[i] for r in recent) / len(recent) for i in range(2 * ttt_steps)]
-            progress(f"eagle3 head step {step + 1}/{settings.steps} loss "
-                     + " / ".join(f"{v:.3f}" for v in mean[:ttt_steps]) + " top-1 "
-                     + " / ".join(f"{v:.3f}" for v in mean[ttt_steps:]))
+        weighted = sum(step_decay ** j * loss for j, loss in enumerate(losses))
+        return weighted, [loss.item() for loss in losses] + accuracies
+
+    def report(step, recent):
+        mean = [sum(r[i] for r in recent) / len(recent) for i in range(2 * ttt_steps)]
+        progress(f"eagle3 head step {step}/{settings.steps} loss " + " / ".join(f"{v:.3f}" for v in mean[:ttt_steps])
+                 + " top-1 " + " / ".join(f"{v:.3f}" for v in mean[ttt_steps:]))
+
+    rows = fit(params, stream, settings, step_loss, report if progress else None)
     return head.eval(), rows

@@ -71,26 +71,50 @@ def _optimizer(params, settings: TrainSettings) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
 
 
+def fit(params: list, stream: torch.Tensor, settings: TrainSettings, step_loss: Callable,
+        progress: Callable[[int, list], None] | None = None) -> list:
+    """AdamW over `params` for `settings.steps` windows of `stream`: warm-up then cosine learning rate, gradients
+    clipped at norm 1. `step_loss(batch)` returns (the loss to minimise, the step's record); returns the records,
+    and every 25 steps hands `progress` the step count and the last 25 records."""
+    opt = _optimizer(params, settings)
+    records = []
+    for step in range(settings.steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, settings)
+        loss, record = step_loss(random_windows(stream, settings, step))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        records.append(record)
+        if progress and (step + 1) % 25 == 0:
+            progress(step + 1, records[-25:])
+    return records
+
+
+def frozen_target_params(model: LlamaForCausalLM, head: torch.nn.Module) -> list:
+    """Freezes `model` and returns the head's own parameters (those it shares with the target are not trained)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    shared = {id(p) for p in model.parameters()}
+    return [p for p in head.parameters() if id(p) not in shared]
+
+
 def train_target(config: LlamaConfig, stream: torch.Tensor, settings: TrainSettings,
                  progress: Callable[[str], None] | None = None) -> tuple[LlamaForCausalLM, list[float]]:
     """Train a fresh `LlamaForCausalLM`; returns it (eval mode) and the loss of every step."""
     torch.manual_seed(settings.seed)
     model = LlamaForCausalLM(config)
     model.train()
-    opt = _optimizer(model.parameters(), settings)
-    losses = []
-    for step in range(settings.steps):
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, settings)
-        batch = random_windows(stream, settings, step)
+
+    def step_loss(batch):
         loss = model(input_ids=batch, labels=batch, use_cache=False).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if progress and (step + 1) % 25 == 0:
-            progress(f"target step {step + 1}/{settings.steps} loss {sum(losses[-25:]) / 25:.3f}")
+        return loss, loss.item()
+
+    def report(step, recent):
+        progress(f"target step {step}/{settings.steps} loss {sum(recent) / 25:.3f}")
+
+    losses = fit(list(model.parameters()), stream, settings, step_loss, report if progress else None)
     return model.eval(), losses
 
 
@@ -130,30 +154,21 @@ def train_head(model: LlamaForCausalLM, stream: torch.Tensor, settings: TrainSet
                progress: Callable[[str], None] | None = None) -> tuple[Eagle1Head, list[tuple[float, float]]]:
     """Train an EAGLE-1 head on the frozen target; returns it and (feature, token) losses per step."""
     torch.manual_seed(settings.seed)
-    for p in model.parameters():
-        p.requires_grad_(False)
     head = Eagle1Head(head_config(model.config))
     head.share(model.model.embed_tokens, model.lm_head)
-    shared = {id(p) for p in model.parameters()}
-    params = [p for p in head.parameters() if id(p) not in shared]
+    params = frozen_target_params(model, head)
     head.train()
-    opt = _optimizer(params, settings)
     gen = torch.Generator().manual_seed(settings.seed + 7)
-    losses = []
-    for step in range(settings.steps):
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, settings)
-        batch = random_windows(stream, settings, step)
+
+    def step_loss(batch):
         feature_loss, token_loss = head_losses(head, model, batch, noise, gen)
-        (feature_loss + token_weight * token_loss).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append((feature_loss.item(), token_loss.item()))
-        if progress and (step + 1) % 25 == 0:
-            recent = losses[-25:]
-            progress(f"head step {step + 1}/{settings.steps} feature loss "
-                     f"{sum(r[0] for r in recent) / 25:.4f} token loss {sum(r[1] for r in recent) / 25:.3f}")
+        return feature_loss + token_weight * token_loss, (feature_loss.item(), token_loss.item())
+
+    def report(step, recent):
+        progress(f"head step {step}/{settings.steps} feature loss "
+                 f"{sum(r[0] for r in recent) / 25:.4f} token loss {sum(r[1] for r in recent) / 25:.3f}")
+
+    losses = fit(params, stream, settings, step_loss, report if progress else None)
     return head.eval(), losses
 
 
