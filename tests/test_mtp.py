@@ -54,7 +54,7 @@ def random_head(target, layout: str, layers: int, seed: int = 1) -> MtpHead:
             block.self_attn.o_proj.weight.mul_(0.3)
             block.mlp.down_proj.weight.mul_(0.3)
         for out in head.heads:
-            out.weight.mul_(0.01).add_(target.lm_head.weight)
+            out.weight.mul_(0.01).add_(target.lm_head.weight.cpu())
     return head.requires_grad_(False)
 
 
@@ -157,3 +157,19 @@ def test_every_mode_is_bitwise_its_padded_reference_and_eager(target, specs, lay
     assert result.outputs == eager.outputs
     tokens = ["step", "req_id", "draft_index", "draft_token", "accepted"]
     assert result.drafts[tokens].equals(eager.drafts[tokens])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["piecewise", "full"])
+def test_multi_layer_heads_on_cuda_graphs_are_bitwise_their_padded_references(specs, mode):
+    from conftest import build_random_pair
+    target, _ = build_random_pair()
+    target = target.to("cuda")
+    for layout in LAYOUTS:
+        head = random_head(target, layout, 3).to("cuda")
+        graph = SpecDecodeEngine(target, head, engine_config(), device="cuda")
+        install_graphs(graph, mode, "cuda")
+        reference = SpecDecodeEngine(target, head, engine_config(), device="cuda")
+        install_padded_reference(reference, mode, poison=True)
+        result, padded = graph.run(specs), reference.run(specs)
+        assert result.drafts.equals(padded.drafts) and result.tokens.equals(padded.tokens), (layout, mode)
