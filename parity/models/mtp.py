@@ -31,6 +31,8 @@ Checkpoint keys (published names, `state_names`):
 from __future__ import annotations
 
 import copy
+import inspect
+import weakref
 
 import torch
 from torch import nn
@@ -97,16 +99,20 @@ class MtpHead(nn.Module):
 
     def with_step_index(self, source) -> "MtpHead":
         """This head (the same modules and weights) reading its step index from `source()`, an int64 tensor [1]
-        (one proposer's `draft_step` buffer): each engine gets its own, so two engines can share the weights."""
+        (one proposer's `draft_step` buffer): each engine gets its own, so two engines can share the weights.
+
+        A bound method is held weakly: the proposer holds this head, and a cycle back to it would keep the
+        engine (its KV cache, its graphs) alive after a run gives it back, until a garbage collection.
+        """
         bound = copy.copy(self)
-        bound._step_index = source
+        bound._step_index = weakref.WeakMethod(source) if inspect.ismethod(source) else (lambda: source)
         return bound
 
     def layer_index(self) -> torch.Tensor:
         """Which layer this forward runs: the step index modulo the number of layers, a tensor [1]."""
         if self._step_index is None:
             raise RuntimeError("a multi-layer MTP head needs its step index (with_step_index)")
-        return torch.remainder(self._step_index(), self.num_layers)
+        return torch.remainder(self._step_index()(), self.num_layers)
 
     def _select(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         if len(outputs) == 1:
