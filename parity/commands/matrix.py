@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from parity.builders.synth.build import synthesize
+from parity.builders.synth.spec import TARGET_FOLDER, SynthRequest
 from parity.commands import run
 from parity.commands.boundary import run_command
 from parity.faults.catalog import FAULTS, SCENARIOS, home_scenario
@@ -26,6 +28,9 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
                scenarios_dir: Path = SCENARIOS, progress=None, extra: tuple[str, ...] = (),
                jobs: int | None = None) -> dict[str, dict]:
     """Run each fault on its home scenario in every mode; returns fault name -> summary, in catalog order.
+
+    A fault that needs another head (the catalog's `head`: the MTP faults) runs on a tiny synth pair of that
+    head (`tiny_pair`) instead of `model`.
 
     Each fault runs `parity run` in a process of its own: a fault that drives a
     CUDA kernel out of bounds poisons its process, and must not poison the next.
@@ -39,8 +44,14 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
     names = list(names or FAULTS)
     jobs = jobs or os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
+        pairs = {head: tiny_pair(head, Path(tmp) / "pairs" / head.replace(" ", ""))
+                 for head in dict.fromkeys(FAULTS[name].head for name in names) if head}
+
         def argv(name: str) -> list[str]:
-            return ["run", "--model", model, "--backend", backend,
+            head = FAULTS[name].head
+            pair = ["--model", model] if not head else \
+                ["--model", "local", "--target-path", str(pairs[head][0]), "--draft-path", str(pairs[head][1])]
+            return ["run", *pair, "--backend", backend,
                     "--scenario", str(home_scenario(FAULTS[name], scenarios_dir)), "--modes", ",".join(MODES),
                     "--inject", name, "--out", str(Path(tmp) / name), "--quiet", *extra]
 
@@ -65,6 +76,15 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
                 return result
 
             return dict(zip(names, pool.map(one, names)))
+
+
+def tiny_pair(head: str, out: Path) -> tuple[Path, Path]:
+    """(target, draft) folders of `parity models synth --shape tiny --head <head>` written into `out`: acceptance
+    0.8, seed 0, float32, on the CPU (a few seconds). `head` is the catalog's: "mtp-deepseek [--mtp-layers N]"."""
+    words = head.split()
+    layers = int(words[words.index("--mtp-layers") + 1]) if "--mtp-layers" in words else 1
+    synthesize(SynthRequest("tiny", words[0], 0.8, "float32", str(out), 0, "cpu", layers), progress=lambda _: None)
+    return out / TARGET_FOLDER, out / words[0]
 
 
 def _in_process(argv: list[str]) -> tuple[int, str]:

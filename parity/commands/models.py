@@ -25,7 +25,10 @@ def register(sub) -> None:
     build.add_argument("--out", default=None, help="folder (default parity/assets/<pair>)")
     synth = models_sub.add_parser("synth", help="write a random-weights target + EAGLE head with a chosen acceptance")
     synth.add_argument("--shape", required=True, help="llama3-8b, llama3-1b or tiny (see docs/models.md)")
-    synth.add_argument("--head", required=True, help="eagle1 or eagle3 (the published layouts)")
+    synth.add_argument("--head", required=True,
+                       help="eagle1, eagle3, mtp-deepseek or mtp-qwen3next (the published layouts; docs/mtp.md)")
+    synth.add_argument("--mtp-layers", type=int, default=1,
+                       help="MTP heads: num_nextn_predict_layers, one layer per draft position (default 1: reused)")
     synth.add_argument("--acceptance", type=float, default=0.8,
                        help="share of positions where the target's greedy token is the draft's (0..1, default 0.8)")
     synth.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 (default) or float16")
@@ -46,7 +49,8 @@ def main(args) -> int:
 
 def synth(args) -> int:
     """Write a random-weights target + EAGLE head calibrated to --acceptance into --out (exit 2 on bad input)."""
-    request = SynthRequest(args.shape, args.head, args.acceptance, args.dtype, args.out, args.seed, args.device)
+    request = SynthRequest(args.shape, args.head, args.acceptance, args.dtype, args.out, args.seed, args.device,
+                           args.mtp_layers)
     synthesize(request, progress=lambda line: print(line, flush=True))
     out = Path(args.out)
     print(f"built {out}; run parity on it with:\n  parity run --model local --target-path {out / TARGET_FOLDER} "

@@ -57,6 +57,8 @@ class EagleProposer(Owner):
         window_layers = (0,) if config.sliding_window and config.sliding_window_layers else ()
         self.builder = builder_class(b, self.kv_cache, config.block_size, config.max_model_len,
                                      config.sliding_window, window_layers)
+        if hasattr(head, "with_step_index"):     # an MTP head: the draft step index selects its layer
+            self.head = head.with_step_index(self.step_index)
 
     def forwards(self) -> tuple[Forward, ...]:
         q = self.config.num_speculative_tokens + 1
@@ -195,3 +197,7 @@ class EagleProposer(Owner):
     def store_hidden(self, row_hidden: torch.Tensor, n: int) -> None:
         """The draft hidden states become the next step's hidden input."""
         self.buffers["hidden_states"][:n].copy_(row_hidden)
+
+    def step_index(self) -> torch.Tensor:
+        """The draft step index an MTP head selects its layer by: the `draft_step` buffer, [1] int64."""
+        return self.buffers["draft_step"]

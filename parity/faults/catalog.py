@@ -41,6 +41,9 @@ class Fault:
     scenario: str           # the shipped scenario where it shows
     manifests_in: tuple[str, ...]
     description: str
+    # The head it needs: "" the embedded tiny-llama3-eagle pair; else a `parity models synth --shape tiny
+    # --head ...` pair's arguments (the MTP faults strike only MTP heads)
+    head: str = ""
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
@@ -125,6 +128,14 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "TargetRunner.logits", "issue 28", "default", GRAPH_MODES,
           "the target counts its live tokens with .item() on query_start_loc inside the verify forward: a host "
           "sync no graph can capture"),
+    Fault("mtp-layer-index-frozen", FROZEN_AT_CAPTURE, ("draft_step",), "EagleProposer.step_index (MTP head)",
+          "vLLM #48892", "mtp-multilayer", GRAPH_MODES,
+          "a multi-layer MTP head's layer index is the host draft step: each graph is captured once, at step 0, "
+          "and replays layer 0 for every later position", head="mtp-deepseek --mtp-layers 3"),
+    Fault("mtp-padded-rows-not-skipped", PADDING_LEAK, (),
+          "EagleProposer.store_hidden (MTP head)", "TensorRT-LLM #5058", "mtp-deepseek", GRAPH_MODES,
+          "the drafter's sampler writes padded rows' samples to the pad slot 0: the last padded row's token and "
+          "hidden state become row 0's next draft inputs", head="mtp-deepseek"),
 ]}
 
 

@@ -274,3 +274,23 @@ class SamplerOffsetAdvancedInForward:
         offset = self.rng_offset
         self.rng_offset += 1
         return drafted_positions + 7919 * offset
+
+
+class MtpLayerIndexFrozen(SeesDraftMeta):
+    """The MTP layer index reaches the forward as the host draft step (vLLM #48892): a graph captured with step 0
+    replays layer 0 at every draft step."""
+
+    def step_index(self):
+        return torch.full((1,), self.forward_meta.draft_step, dtype=torch.int64, device=self.buffers.device)
+
+
+class MtpPaddedRowsNotSkipped:
+    """The drafter's sampler does not skip padded rows (TensorRT-LLM #5058): their samples go to the pad slot, 0,
+    so the last padded row's token and hidden state overwrite row 0's inputs of the next draft step."""
+
+    def store_hidden(self, row_hidden, n):
+        super().store_hidden(row_hidden, n)
+        b = self.buffers
+        padded = b["seq_lens"][n - 1] == 0        # padding rows come last, with the pad seq_len 0
+        b["hidden_states"][0].copy_(torch.where(padded, row_hidden[n - 1], row_hidden[0]))
+        b["input_ids"][:1].copy_(torch.where(padded, b["input_ids"][n - 1:n], b["input_ids"][:1]))

@@ -50,6 +50,8 @@ MUTATIONS: dict[str, Mutation] = {
     "draft-bound-batch-min": Mutation(("proposer",), m.DraftBoundBatchMin),
     "graph-key-ignores-phase": Mutation(("executor",), r.GraphKeyIgnoresPhase),
     "logits-item-in-capture": Mutation(("target_runner",), m.LogitsOfLiveTokens),
+    "mtp-layer-index-frozen": Mutation(("proposer",), m.MtpLayerIndexFrozen),
+    "mtp-padded-rows-not-skipped": Mutation(("proposer",), m.MtpPaddedRowsNotSkipped),
 }
 
 

@@ -16,6 +16,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from parity.errors import ParityInputError
 from parity.files import read_text_file, show
+from parity.models import speculators
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
                 "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -50,6 +51,7 @@ def read_config_json(file: Path) -> dict:
         raise ParityInputError(f"{file}: not valid JSON ({one_line(exc)})") from None
     if not isinstance(raw, dict):
         raise ParityInputError(f"{file}: expected a JSON object, got {type(raw).__name__}")
+    raw = speculators.flatten(raw, file)
     for key in REQUIRED_SIZES:
         if key not in raw:
             raise ParityInputError(f"{file}: missing integer '{key}'")

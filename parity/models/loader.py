@@ -9,6 +9,7 @@ published layouts, told apart by their keys (`load_head`):
   `fc.weight` [h, 3h], `norm.weight`, `lm_head.weight` [draft_vocab, h], `d2t`,
   `t2d`; config.json with `draft_vocab_size` (and optionally
   `eagle_aux_hidden_state_layer_ids`, `target_hidden_size`).
+- MTP (DeepSeek-V3/GLM `model.layers.<N+i>.eh_proj`..., Qwen3-Next `mtp.*`): see mtp_loader.py.
 Models are built on the meta device and the checked tensors assigned in, so an
 8B target costs no random initialisation. Every problem is a `ParityInputError`
 of one line that names the file.
@@ -32,6 +33,7 @@ from parity.models.checkpoint import (IGNORED_SUFFIXES, assign_weights, check_ke
 from parity.models.eagle1 import Eagle1Head
 from parity.models.eagle3 import INTERNAL_NAMES, Eagle3Head, aux_layer_ids, draft_vocab_size
 from parity.models.llama import TargetModel, paged_config
+from parity.models.mtp_loader import build_mtp, drop_mtp_tensors, mtp_layout, select_mtp_tensors
 
 TOKENIZER_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "clean_up_tokenization_spaces",
                    "model_max_length", "chat_template")
@@ -43,7 +45,7 @@ def load_target(path, dtype: torch.dtype = torch.float32, aux_layers: tuple[int,
     config = read_config(path, model_types=("llama",))
     _check_aux_layers(aux_layers, config.num_hidden_layers, path / "config.json")
     state, file = read_weights(path)
-    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+    state = drop_mtp_tensors({k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}, config)
     tied = bool(config.tie_word_embeddings)
     if tied:
         # NOTE: transformers ignores a stored lm_head when embeddings are tied; so do we.
@@ -73,7 +75,7 @@ def _check_aux_layers(aux_layers, num_layers: int, file: Path) -> None:
 class HeadCheckpoint:
     """A draft head's config and tensors, read once, with the layout they are in."""
 
-    kind: str                          # "eagle1" or "eagle3"
+    kind: str                          # "eagle1", "eagle3", "mtp-deepseek" or "mtp-qwen3next"
     path: Path
     file: Path                         # the weights file (or shard index) the tensors came from
     config: LlamaConfig
@@ -102,6 +104,9 @@ def read_head(path) -> HeadCheckpoint:
     raw = read_config_json(path / "config.json")
     state, file = read_weights(path)
     state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+    layout = mtp_layout(state)
+    if layout is not None:
+        return HeadCheckpoint(layout, path, file, config, select_mtp_tensors(layout, raw, state, file))
     kind = _head_kind(raw, state, file)
     if kind == "eagle3" and "layers.0.hidden_norm.weight" in state:
         # Some converters write the EAGLE-3 layer as layers.0.*, as vLLM reads it.
@@ -123,6 +128,8 @@ def build_head(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype = t
     """The head of `ckpt` on `target`; sets `target.aux_layers` to what the head reads."""
     if ckpt.kind == "eagle3":
         head = _build_eagle3(ckpt, target, dtype)
+    elif ckpt.kind.startswith("mtp-"):
+        head = build_mtp(ckpt.kind, ckpt.config, ckpt.state, target, dtype, ckpt.path, ckpt.file)
     else:
         head = _build_eagle1(ckpt, target, dtype)
     target.aux_layers = head_aux_layers(ckpt, target.config)
@@ -130,9 +137,9 @@ def build_head(ckpt: HeadCheckpoint, target: TargetModel, dtype: torch.dtype = t
 
 
 def load_head(path, target: TargetModel, dtype: torch.dtype = torch.float32):
-    """An EAGLE-1 or EAGLE-3 head (by the checkpoint's layout) on `target`, in eval mode.
+    """An EAGLE-1, EAGLE-3 or MTP head (by the checkpoint's layout) on `target`, in eval mode.
 
-    Sets `target.aux_layers` to the layers the head reads (EAGLE-3) or to none (EAGLE-1).
+    Sets `target.aux_layers` to the layers the head reads (EAGLE-3) or to none (EAGLE-1, MTP).
     """
     return build_head(read_head(path), target, dtype)
 
@@ -140,7 +147,8 @@ def load_head(path, target: TargetModel, dtype: torch.dtype = torch.float32):
 def _expect_kind(ckpt: HeadCheckpoint, kind: str) -> None:
     if ckpt.kind != kind:
         names = {"eagle1": "EAGLE-1", "eagle3": "EAGLE-3"}
-        raise ParityInputError(f"{ckpt.file}: an {names[ckpt.kind]} checkpoint where an {names[kind]} "
+        found = names.get(ckpt.kind, ckpt.kind)
+        raise ParityInputError(f"{ckpt.file}: an {found} checkpoint where an {names[kind]} "
                                f"head was expected")
 
 

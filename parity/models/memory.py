@@ -51,6 +51,8 @@ def target_params(c: dict) -> int:
 def head_params(c: dict) -> int:
     """EAGLE-3 (a `draft_vocab_size` key): fc 3h->h, qkv over 2h, norm, draft lm_head; else EAGLE-1."""
     h = c["hidden_size"]
+    if c.get("num_nextn_predict_layers"):     # MTP: per layer fc 2h->h, three norms, a layer, shared_head.head
+        return c["num_nextn_predict_layers"] * (2 * h * h + 3 * h + _layer_params(c, h) + c["vocab_size"] * h)
     if "draft_vocab_size" in c or "Eagle3" in " ".join(map(str, c.get("architectures") or [])):
         target_h = c.get("target_hidden_size") or h
         draft_vocab = c.get("draft_vocab_size") or c["vocab_size"]
@@ -84,7 +86,7 @@ def estimate(target_dir: Path, draft_dir: Path, dtype: torch.dtype, kv_tokens: i
     try:
         weights = (target_params(tc) + head_params(hc)) * dtype.itemsize
         kv = kv_tokens * (kv_bytes_per_token(tc, tc.get("num_hidden_layers", 1), dtype)
-                          + kv_bytes_per_token(hc, 1, dtype))
+                          + kv_bytes_per_token(hc, hc.get("num_nextn_predict_layers") or 1, dtype))
     except (KeyError, TypeError, ZeroDivisionError):
         return {}  # a malformed config: the loader reports it, naming the file
     stored = tc.get("torch_dtype") or tc.get("dtype")

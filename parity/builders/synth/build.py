@@ -22,6 +22,7 @@ from parity.errors import ParityInputError
 from parity.builders import saver
 from parity.builders.shards import SHARD_BYTES, write_safetensors
 from parity.builders.synth import weights as synth_weights
+from parity.builders.synth.mtp_weights import mtp_state
 from parity.builders.synth.calibrate import START, TOLERANCE, Calibration, calibrate, calibration_tokens
 from parity.builders.synth.spec import (INFO_FILE, TARGET_FOLDER, SynthRequest, SynthShape, head_config,
                                         target_config)
@@ -31,14 +32,16 @@ from parity.models import memory
 GIB = 1 << 30
 
 
-def build_bytes(shape: SynthShape, head: str, dtype: torch.dtype) -> int:
+def build_bytes(shape: SynthShape, head: str, dtype: torch.dtype, mtp_layers: int = 1) -> int:
     """Bytes of the pair's weights in `dtype` (also what lands on disk)."""
-    return (memory.target_params(target_config(shape)) + memory.head_params(head_config(shape, head))) * dtype.itemsize
+    head_params = memory.head_params(head_config(shape, head, mtp_layers))
+    return (memory.target_params(target_config(shape)) + head_params) * dtype.itemsize
 
 
-def check_build_memory(shape: SynthShape, head: str, dtype: torch.dtype, device: torch.device) -> None:
+def check_build_memory(shape: SynthShape, head: str, dtype: torch.dtype, device: torch.device,
+                       mtp_layers: int = 1) -> None:
     """One-line ParityInputError when the build will not fit in GPU memory or RAM."""
-    weights = build_bytes(shape, head, dtype)
+    weights = build_bytes(shape, head, dtype, mtp_layers)
     margin = max(GIB // 2, weights // 10)       # calibration activations and logits, allocator slack
     staging = 2 * min(weights, SHARD_BYTES)     # one shard copied to the CPU, and its serialisation
     name = str(dtype).removeprefix("torch.")
@@ -100,8 +103,8 @@ def synthesize(request: SynthRequest, progress: Callable[[str], None] = print) -
     device = request.torch_device()
     out = Path(request.out)
     check_out(out)
-    check_build_memory(shape, request.head, dtype, device)
-    check_disk(out, build_bytes(shape, request.head, dtype) + (64 << 20))   # + tokenizer and configs
+    check_build_memory(shape, request.head, dtype, device, request.mtp_layers)
+    check_disk(out, build_bytes(shape, request.head, dtype, request.mtp_layers) + (64 << 20))   # + tokenizer and configs
     staging = _staging(out)
     try:
         with torch.no_grad():
@@ -132,15 +135,19 @@ def _build(request: SynthRequest, device: torch.device, staging: Path, progress)
              f"(requested {request.acceptance}, {calibration.positions} positions)")
     if abs(calibration.agreement - request.acceptance) > 5 * TOLERANCE:
         progress(f"note: the closest agreement reached is {calibration.agreement:.3f}")
-    head_cfg = LlamaConfig.from_dict(head_config(shape, request.head))
-    if request.head == "eagle3":
+    raw_head_config = head_config(shape, request.head, request.mtp_layers)
+    head_cfg = LlamaConfig.from_dict(raw_head_config)
+    if request.head.startswith("mtp-"):
+        tokens = calibration_tokens(frequent, seed).to(device)
+        head_state = mtp_state(head_cfg, request.head, shape, target, seed, tokens, dtype, device)
+    elif request.head == "eagle3":
         head_state = synth_weights.eagle3_state(head_cfg, shape, target, frequent, seed, dtype, device)
     else:
         tokens = calibration_tokens(frequent, seed).to(device)
         head_state = synth_weights.eagle1_state(head_cfg, shape, target, seed, tokens, dtype, device)
     _write_target(target, shape, dtype, staging / TARGET_FOLDER, progress)
     del target
-    _write_folder(head_state, head_config(shape, request.head), dtype, staging / request.head, progress)
+    _write_folder(head_state, raw_head_config, dtype, staging / request.head, progress)
     info = synth_info(request, device, calibration)
     (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return info
@@ -178,7 +185,7 @@ def synth_info(request: SynthRequest, device: torch.device, calibration: Calibra
 
     shape = request.spec
     return {
-        "shape": shape.name, "head": request.head, "seed": request.seed, "dtype": request.dtype,
+        "shape": shape.name, "head": request.head, "mtp_layers": request.mtp_layers, "seed": request.seed, "dtype": request.dtype,
         "device": device.type, "acceptance_requested": request.acceptance,
         "scale": calibration.scale, "agreement": round(calibration.agreement, 6),
         "calibration": {"positions": calibration.positions, "start_scale": START, "tolerance": TOLERANCE,

@@ -5,7 +5,7 @@ One place for both, so the builder, its tests and docs/models.md agree:
   `llama3-1b` = Llama-3.2-1B) and a `tiny` one that builds in seconds on a CPU;
 - layouts: a pair folder `OUT/` holding `target/` (a Hugging Face
   LlamaForCausalLM folder: config.json, safetensors shards + index when large,
-  tokenizer files) and `eagle1/` or `eagle3/` (the head in its published layout,
+  tokenizer files) and `eagle1/`, `eagle3/`, `mtp-deepseek/` or `mtp-qwen3next/` (the head in its published layout,
   see loader.py), plus `synth_info.json`; the config dicts of all three.
 """
 
@@ -17,7 +17,8 @@ import torch
 
 from parity.errors import ParityInputError
 
-HEADS = ("eagle1", "eagle3")
+HEADS = ("eagle1", "eagle3", "mtp-deepseek", "mtp-qwen3next")
+MAX_MTP_LAYERS = 8
 TARGET_FOLDER = "target"
 INFO_FILE = "synth_info.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,6 +96,7 @@ class SynthRequest:
     out: str
     seed: int = 0
     device: str = "auto"
+    mtp_layers: int = 1      # MTP heads: num_nextn_predict_layers
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -107,6 +109,10 @@ class SynthRequest:
             raise ParityInputError(f"unknown dtype {self.dtype!r}; known dtypes: {', '.join(DTYPES)}")
         if self.device not in DEVICES:
             raise ParityInputError(f"unknown device {self.device!r}; use one of {', '.join(DEVICES)}")
+        if not isinstance(self.mtp_layers, int) or not 1 <= self.mtp_layers <= MAX_MTP_LAYERS:
+            raise ParityInputError(f"--mtp-layers must be an integer in 1..{MAX_MTP_LAYERS}, got {self.mtp_layers!r}")
+        if self.mtp_layers != 1 and not self.head.startswith("mtp-"):
+            raise ParityInputError(f"--mtp-layers is for the MTP heads (mtp-deepseek, mtp-qwen3next), not {self.head}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ParityInputError(f"--seed must be a non-negative integer, got {self.seed!r}")
 
@@ -147,16 +153,20 @@ def target_config(shape: SynthShape) -> dict:
     }
 
 
-def head_config(shape: SynthShape, head: str) -> dict:
+def head_config(shape: SynthShape, head: str, mtp_layers: int = 1) -> dict:
     """config.json of the draft head in the published layout of `head`.
 
     EAGLE-1 (yuhuili/EAGLE-LLaMA3-Instruct-8B): the target's config with one layer.
+    MTP (DeepSeek-V3, Qwen3-Next): the target's config with `num_nextn_predict_layers`.
     EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): one layer, `draft_vocab_size`,
     the aux layer ids, and two synthetic choices (see weights.eagle3_state):
     no GQA in the head's layer (its values carry the whole token embedding) and
     `norm_before_residual` (the residual is the normed hidden input, as in
     speculators' checkpoints), so the draft of each step follows its own token.
     """
+    if head.startswith("mtp-"):
+        # The published MTP configs are the target's, plus the number of MTP layers after its own.
+        return {**target_config(shape), "num_nextn_predict_layers": mtp_layers}
     config = {**target_config(shape), "num_hidden_layers": 1, "tie_word_embeddings": False}
     if head == "eagle1":
         return config
