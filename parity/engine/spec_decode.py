@@ -24,7 +24,7 @@ from parity.engine.kv_cache import BlockAllocator
 from parity.engine.metadata import RowPlan
 from parity.engine.owner import Owner
 from parity.engine.parts import EngineParts
-from parity.engine.records import RunResult
+from parity.engine.records import Records, RunResult
 from parity.engine.requests import Request, ScheduledRow, Scheduler
 from parity.errors import ParityInputError
 from parity.graphs.descriptor import Dispatch
