@@ -49,7 +49,9 @@ def _address(d: dict) -> str | None:
 
 def _lines(grid: Table, label: str, lines: list, limit: int | None = None) -> None:
     for i, line in enumerate(lines[:limit]):
-        grid.add_row(label if i == 0 else "", str(line))
+        if not isinstance(line, str):      # a diagnosis' lines are text; anything else is a malformed record
+            raise TypeError(f"{label} entry {i} is {type(line).__name__}, not text")
+        grid.add_row(label if i == 0 else "", line)
     if limit is not None and len(lines) > limit:
         grid.add_row("", f"... and {len(lines) - limit} more")
 
