@@ -13,8 +13,12 @@ def graph_api(device: torch.device):
 
 
 def warm_up(api, fn, *args) -> None:
-    """CUDA: run fn twice on a side stream so lazy initialisation stays out of the capture."""
+    """Run fn twice before capturing it (CUDA: on a side stream, so lazy initialisation stays out of the
+    capture). On the CPU too: whatever the warm-up moves (a counter the forward advances) moves on both
+    backends, so the engine captures the same graphs on each."""
     if api is not torch.cuda:
+        for _ in range(2):
+            fn(*args)
         return
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
