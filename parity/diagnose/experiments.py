@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
-from parity.diagnose.delta_debug import ddmin
+from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.readset import reference_reads
