@@ -59,3 +59,18 @@ def test_no_candidates_still_runs_the_control():
     restores, calls = recorder(cause=["x"])
     found = search([], restores)
     assert not found.control and found.singles == [] and calls == [[]]
+
+
+def test_together_repairs_a_known_divergence_all_at_once_first_then_alone_then_smallest():
+    restores, calls = recorder(cause=["c"])
+    found = search(["a", "c", "b"], restores, together=True)
+    assert calls[0] == ["a", "b", "c"] and [] not in calls, "no control: the run is known to diverge"
+    assert found.restoring == ["c"] and not found.control
+    restores, calls = recorder(cause=["x"])
+    assert search(["a", "b"], restores, together=True).singles == [] and len(calls) == 1, \
+        "all together do not restore parity: none is tried alone"
+    restores, calls = recorder(cause=["a"])
+    assert search(["a"], restores, together=True).restoring == ["a"] and len(calls) == 1
+    assert search([], lambda s: 1 / 0, together=True).singles == [], "no repair: nothing runs"
+    restores, _ = recorder(cause=["a", "b"])
+    assert sorted(search(list("abc"), restores, together=True, minimise=True).smallest) == ["a", "b"]

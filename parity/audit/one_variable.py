@@ -16,6 +16,12 @@ and says whether bitwise parity with the reference comes back.
   restores parity when `first`);
 - when `minimise` and no single one restores parity but all together do,
   delta debugging (`delta_debug.ddmin`) finds the smallest set that does.
+
+The bisector's repairs (`diagnose/experiments.py`: copy the live or the
+reference's values into what the graph read) are candidates too, of a forward
+known to diverge: there is no control to run, all repairs together must
+restore parity first (`together`), then each alone in order of specificity,
+then delta debugging.
 """
 
 from __future__ import annotations
@@ -37,17 +43,24 @@ class Search:
         return [c for c, restores in self.singles if restores]
 
 
-def search(candidates, restores, first: bool = False, minimise: bool = False) -> Search:
-    """The control, then each candidate alone at its live value, then (`minimise`) the smallest set."""
+def search(candidates, restores, first: bool = False, minimise: bool = False, together: bool = False) -> Search:
+    """The control, then each candidate alone at its live value, then (`minimise`) the smallest set.
+
+    `together`: the candidates are repairs of a run known to diverge (no control to run): all of them at once
+    must restore parity before any is tried alone, and a lone candidate that does is the one."""
     candidates = list(candidates)
-    if restores([]):
+    if together:
+        if not candidates or not restores(candidates):
+            return Search(False)
+        if len(candidates) == 1:
+            return Search(False, [(candidates[0], True)])
+    elif restores([]):
         return Search(True)
     found = Search(False)
     for candidate in candidates:
         found.singles.append((candidate, restores([candidate])))
         if first and found.singles[-1][1]:
             return found
-    if minimise and not found.restoring and len(candidates) > 1 and restores(candidates):
+    if minimise and not found.restoring and len(candidates) > 1 and (together or restores(candidates)):
         found.smallest = ddmin(candidates, restores)
     return found
-
