@@ -48,7 +48,7 @@ ALLOWED = {
     "analysis": {"analysis"},
     "report": {"report", "analysis"},
     "importers": {"importers", "analysis"},
-    "diagnose": {"diagnose", "engine", "graphs", "analysis"},
+    "diagnose": {"diagnose", "engine", "graphs", "analysis", "audit"},
     "harness": {"harness", "engine", "graphs", "models", "analysis", "diagnose", "importers"},
     "faults": {"faults", "engine", "graphs", "analysis"},
     "builders": {"builders", "models", "engine"},

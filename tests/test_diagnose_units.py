@@ -1,4 +1,4 @@
-"""The diagnosis' own logic on hand-made tensors, no engine and no run: delta debugging, output differences,
+"""The diagnosis' own logic on hand-made tensors, no engine and no run: output differences,
 the padding contract's breaches, the capacity audit's diagnosis. (The stages that drive engines are tested
 through whole runs: the mutation matrix and the bug corpus.)"""
 
@@ -10,24 +10,11 @@ from types import SimpleNamespace
 import torch
 
 from parity.diagnose.bisector import short_buffer_diagnosis
-from parity.diagnose.delta_debug import ddmin
 from parity.diagnose.padding import breaches
 from parity.diagnose.state import diff_rows, max_diff
 from parity.engine.buffers import InputBuffers, register_attention_buffers
 from parity.engine.kv_cache import PAD_SLOT
 from parity.graphs.descriptor import BatchDescriptor, Dispatch
-
-
-def test_ddmin_finds_the_one_minimal_set_in_few_tests():
-    calls = []
-
-    def holds(subset):
-        calls.append(subset)
-        return {3, 11} <= set(subset)
-
-    assert sorted(ddmin(range(16), holds)) == [3, 11]
-    assert len(calls) <= 16 * 16, "ddmin is at worst quadratic in the items, never every subset (2**16)"
-    assert ddmin([5], lambda s: True) == [5]
 
 
 def test_max_diff_names_what_differs_and_integers_differ_infinitely():

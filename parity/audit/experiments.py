@@ -22,6 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from parity.audit.cheap import Rebind, moved_names
+from parity.audit.one_variable import search
 from parity.graphs.roles import MISSING, Path, assign, resolve
 from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
 from parity.audit.trace import storage_ptr
@@ -196,18 +197,20 @@ def _restores(lab: Lab, overrides: dict) -> bool:
 
 def host_experiments(lab: Lab, candidates) -> tuple[Experiment, list[Experiment]]:
     """The control re-capture (every host value as captured, every input absent at capture absent), then one
-    re-capture per host value, or absent input, at its live value alone."""
+    re-capture per host value, or absent input, at its live value alone (`one_variable.search`)."""
     captured = {path: value for path, value, _ in candidates}
+
+    def restores(subset) -> bool:
+        live = {path for path, _, _ in subset}
+        return _restores(lab, {p: v for p, v in captured.items() if p not in live})
+    found = search(candidates, restores)
     control = Experiment("CAPTURE_CONTEXT", "re-capture with every host value as captured (control) and replay",
-                         [], _restores(lab, captured))
-    if control.restores or not candidates:
-        return control, []
+                         [], found.control)
     singles = []
-    for path, was, now in candidates:
-        restores = _restores(lab, {p: v for p, v in captured.items() if p != path})
-        singles.append(_absent(lab, path, restores) if was is None else Experiment(
+    for (path, was, now), restored in found.singles:
+        singles.append(_absent(lab, path, restored) if was is None else Experiment(
             "FROZEN_AT_CAPTURE", f"re-capture with only {path} at its live value ({now!r}; captured {was!r}) "
-            "and replay", [str(path)], restores, evidence=_frozen_evidence(lab, path, was, now)))
+            "and replay", [str(path)], restored, evidence=_frozen_evidence(lab, path, was, now)))
     return control, singles
 
 

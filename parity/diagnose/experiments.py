@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
-from parity.diagnose.delta_debug import ddmin
+from parity.audit.one_variable import search
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.readset import reference_reads
@@ -208,6 +208,7 @@ def confirm(lab: Divergence, repairs: list[Repair]) -> tuple[list[Repair], list[
     units += [unit for unit in together.values() if unit]
 
     def replay_with(chosen) -> bool:
+        chosen = [u for u in units if any(u is c for c in chosen)]    # applied in one order, whatever is asked
         lab.restore()
         for tensor, region, value in originals:
             tensor[region].copy_(value)
@@ -222,14 +223,11 @@ def confirm(lab: Divergence, repairs: list[Repair]) -> tuple[list[Repair], list[
                     r.live_tensor[r.region].copy_(r.tensor[r.region])
         return lab.matches()
 
-    if not units or not replay_with(units):
-        return [], []
-    if len(units) == 1:
-        return units[0], []
-    alone = [u for u in sorted(units, key=lambda u: SPECIFICITY.index(u[0].kind)) if replay_with([u])]
-    if alone:
-        return alone[0], [r for u in alone[1:] for r in u]
-    return [r for u in ddmin(units, replay_with) for r in u], []
+    found = search(sorted(units, key=lambda u: SPECIFICITY.index(u[0].kind)), replay_with, minimise=True,
+                   together=True)
+    if found.restoring:
+        return found.restoring[0], [r for u in found.restoring[1:] for r in u]
+    return [r for u in found.smallest for r in u], []
 
 
 def explain(lab: Divergence, culprits, others, tried) -> Diagnosis:

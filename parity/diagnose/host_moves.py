@@ -29,6 +29,7 @@ from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import host_moves
+from parity.audit.one_variable import search
 from parity.graphs import host_state
 from parity.graphs.capture import capture
 from parity.graphs.modes import PIECEWISE
@@ -67,15 +68,15 @@ def stage(lab: Divergence) -> Diagnosis | None:
 
 
 def _replayed(lab: Divergence, holder, path, value):
-    """(experiment, control) when a re-capture with `path` at `value` restores parity and one with the captured
-    value does not; None when the graph was captured with `value`; False when the experiment failed."""
+    """(experiment, control) when a re-capture with `path` at `value` restores parity and the control
+    re-capture with the captured value does not; None when the graph was captured with `value`; False when
+    the experiment failed."""
     baked = lab.entry.captured_host.get(path, lab.snaps["graph"]["host"][lab.ev_g.owner][1][path])
     if host_state.same(baked, value):
         return None
-    if not _recaptured(lab, holder, path, value):
-        return False
-    if _recaptured(lab, holder, path, baked):
-        return False     # any fresh capture restores parity: the value is not what differs
+    found = search([path], lambda live: _recaptured(lab, holder, path, value if live else baked))
+    if not found.restoring:
+        return False     # any fresh capture restores parity (the value is not what differs), or none does
     name = host_state.name(path)
     return (f"re-capture with {name} at the reference's value {_short(value)} (same addresses, one host value "
             "changed)", f"the control re-capture with the value it was captured with ({_short(baked)}) does not")
@@ -99,25 +100,29 @@ def _recaptured(lab: Divergence, holder, path, value) -> bool:
 
 
 def _eager(lab: Divergence, holder, path, value):
-    """(experiment, control) when re-running the eager forward with `path` at `value` restores parity; None
-    when the graph run's value is the reference's already; False when the experiment failed."""
+    """(experiment, control) when re-running the eager forward with `path` at `value` restores parity and the
+    control re-run from the unchanged pre-state does not; None when the graph run's value is the reference's
+    already; False when the experiment failed."""
     if host_state.same(lab.snaps["graph"]["host"][lab.ev_g.owner][1][path], value):
         return None
-    lab.restore()
-    matched = host_state.put(holder, path, value) and _rerun_matches(lab)
-    lab.restore()
-    if not matched or _rerun_matches(lab):    # the control: unchanged
-        lab.restore()
+    found = search([path], lambda live: _rerun_matches(lab, holder, {path: value} if live else {}))
+    if not found.restoring:
         return False
-    lab.restore()
     name = host_state.name(path)
     return (f"re-run the forward from the graph run's pre-state with only {name} at the reference's value "
             f"{_short(value)}", "the control re-run from the unchanged pre-state does not")
 
 
-def _rerun_matches(lab: Divergence) -> bool:
+def _rerun_matches(lab: Divergence, holder, values: dict) -> bool:
+    """Re-run the eager forward from the graph run's pre-state with `values` put on `holder`."""
+    lab.restore()
+    if not all(host_state.put(holder, path, value) for path, value in values.items()):
+        lab.restore()
+        return False
     lab.replays += 1
-    return lab.matches(lab.executor.execute(lab.dispatch, lab.forward(), lab.ev_g.meta))
+    matched = lab.matches(lab.executor.execute(lab.dispatch, lab.forward(), lab.ev_g.meta))
+    lab.restore()
+    return matched
 
 
 def _graph_side(name, path, before, graph_moves, entry, executor) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
-from parity.diagnose.delta_debug import ddmin
+from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import max_diff

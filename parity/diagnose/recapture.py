@@ -27,7 +27,7 @@ import dataclasses
 import torch
 
 from parity.diagnosis.kinds import CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, UNEXPLAINED
-from parity.diagnose.delta_debug import ddmin
+from parity.audit.one_variable import search
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.probes import probe_layers
@@ -62,23 +62,25 @@ def absent_inputs(lab: Divergence) -> Diagnosis | None:
     live = lab.ev_g.meta
     absent = sorted(k for k, v in lab.entry.captured_with.items()
                     if v is None and isinstance(getattr(live, k, None), torch.Tensor))
-    if not absent or _restores(lab, {}):     # the control: a re-capture as captured must still differ
+    if not absent:
         return None
-    for name in absent:
-        if not _restores(lab, {name: getattr(live, name)}):
-            lab.ruled_out.append(f"re-capture with only {name} present (None at capture)")
-            continue
-        skipped = sorted(reference_writes(lab) - graph_writes(lab))
-        evidence = [f"{name} was None in the capture-time metadata and holds a tensor in the live metadata: what "
-                    "the forward does with it never ran at capture, and a replay runs no Python"]
-        if skipped:
-            evidence.append(f"the reference forward writes {', '.join(skipped)}; the captured graph never "
-                            f"writes {'it' if len(skipped) == 1 else 'them'}")
-        experiment = (f"re-capture with only {name} present (the live metadata's tensor; None at capture), same "
-                      "addresses: replaying restores bitwise parity; the control re-capture as captured does not")
-        return lab.diagnosis(CAPTURE_CONTEXT, [*skipped, name], evidence=evidence + [experiment],
-                             experiment=experiment)
-    return None
+    # the control: a re-capture as captured must still differ
+    found = search(absent, lambda names: _restores(lab, {k: getattr(live, k) for k in names}), first=True)
+    lab.ruled_out += [f"re-capture with only {name} present (None at capture)"
+                      for name, restores in found.singles if not restores]
+    if not found.restoring:
+        return None
+    name = found.restoring[0]
+    skipped = sorted(reference_writes(lab) - graph_writes(lab))
+    evidence = [f"{name} was None in the capture-time metadata and holds a tensor in the live metadata: what "
+                "the forward does with it never ran at capture, and a replay runs no Python"]
+    if skipped:
+        evidence.append(f"the reference forward writes {', '.join(skipped)}; the captured graph never "
+                        f"writes {'it' if len(skipped) == 1 else 'them'}")
+    experiment = (f"re-capture with only {name} present (the live metadata's tensor; None at capture), same "
+                  "addresses: replaying restores bitwise parity; the control re-capture as captured does not")
+    return lab.diagnosis(CAPTURE_CONTEXT, [*skipped, name], evidence=evidence + [experiment],
+                         experiment=experiment)
 
 
 def _restores(lab: Divergence, fields: dict) -> bool:
@@ -105,7 +107,8 @@ def stage(lab: Divergence) -> Diagnosis:
             return False
 
     ruled = lab.ruled_out
-    if recaptured_matches({}):
+    found = search(differing, lambda keys: recaptured_matches({k: live_fields[k] for k in keys}), minimise=True)
+    if found.control:
         lab.restore()
         moved = sorted(k for k, t in entry.captured_contents.items() if k in registries
                        and registries[k].shape == t.shape and not torch.equal(registries[k].cpu(), t))
@@ -116,9 +119,7 @@ def stage(lab: Divergence) -> Diagnosis:
         ruled.append("a fresh capture from the live state restores parity, yet no host value and no buffer's "
                      "capture-time contents alone bring the divergence back: the original capture differs")
     elif differing:
-        frozen = [k for k in differing if recaptured_matches({k: live_fields[k]})]
-        if not frozen and len(differing) > 1 and recaptured_matches({k: live_fields[k] for k in differing}):
-            frozen = ddmin(differing, lambda s: recaptured_matches({k: live_fields[k] for k in s}))
+        frozen = found.restoring or found.smallest
         if frozen:
             return _frozen(lab, frozen, captured, live_fields)
         ruled.append("re-capture with the live value of " + ", ".join(differing))
