@@ -166,7 +166,7 @@ class Eagle3Head(FusedLayers):
 
     def layer_forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                       **attn_kwargs) -> torch.Tensor:
-        """Batched core: [B, T, h] embeds and hidden, [B, T] positions -> [B, T, h] pre-norm output."""
+        """[B, T, h] embeds and hidden, [B, T] positions -> [B, T, h], through the modules (what training runs)."""
         hidden = hidden.to(embeds.dtype)
         rope = self.rotary_emb(hidden, position_ids=position_ids)
         return self.midlayer(embeds, hidden, position_ids, rope, **attn_kwargs)
