@@ -17,6 +17,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from parity.errors import ParityInputError
 from parity.files import read_text_file, show
 from parity.models import speculators
+from parity.models.fused_weights import FusedLayers
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
                 "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -152,8 +153,11 @@ def check_keys(state: dict[str, torch.Tensor], expected: dict[str, torch.Size], 
 
 
 def assign_weights(module: nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """`state` (floats cast to `dtype`) becomes `module`'s parameters; a head's layers are fused from them."""
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
     module.load_state_dict(state, strict=True, assign=True)
+    if isinstance(module, FusedLayers):
+        module.fuse_layers()
 
 
 def expected_keys(module: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, torch.Size]:

@@ -7,18 +7,40 @@ one op, and the residual add of one layer is fused with the norm of the
 next (`add_rms_norm`), so a layer hands on (its output, the residual) and
 the caller adds them when it needs the hidden state itself. On CUDA a
 layer is then about 13 kernels (its four weight GEMMs among them) where
-transformers' modules launch about 60.
+transformers' modules launch about 60. The draft heads run their layers
+here too (`decoder_layer`, `rms_norm`), each with its own input arrangement.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, eager_attention_forward
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, eager_attention_forward
 
 from parity.models import fused_ops
 from parity.models.fused_weights import GATE_UP, QKV, fused
+
+
+def rope_tables(rotary_emb: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's (cos, sin) [T, D] at `positions` [T], in x's dtype (x [T, h])."""
+    cos, sin = rotary_emb(x.unsqueeze(0), position_ids=positions.unsqueeze(0))
+    return cos[0], sin[0]
+
+
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """norm(x) for x [T, h]: one op for transformers' RMSNorm; any other norm (zero-centred, Identity) as its module."""
+    if type(norm) is LlamaRMSNorm:
+        return fused_ops.rms_norm(x, norm.weight, norm.variance_epsilon)
+    return norm(x)
+
+
+def decoder_layer(layer: LlamaDecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  meta) -> torch.Tensor:
+    """One whole layer on its input x [T, h] (the input norm the layer has, even nn.Identity): its output [T, h]."""
+    out, residual = layer_body(layer, rms_norm(layer.input_layernorm, x), x, cos, sin, meta)
+    return residual + out
 
 
 def norm_input(layer: LlamaDecoderLayer, hidden: torch.Tensor,

@@ -4,6 +4,10 @@
 decoder layer whose input layernorm is dropped; embeddings and lm_head are the
 target's. Checkpoint keys: `fc.weight`, `layers.0.*` (no
 `layers.0.input_layernorm`), optionally `embed_tokens.weight`.
+
+`forward` (the engine's) runs the layer in the target's fused ops
+(`decoder_layer`); the layer module's own forward (transformers') is what
+training runs, and is the same math (bit for bit on the CPU).
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from parity.models.decoder_layer import decoder_layer, rope_tables
+from parity.models.fused_weights import FusedLayers
 
-class Eagle1Head(nn.Module):
+
+class Eagle1Head(FusedLayers):
     def __init__(self, config: LlamaConfig, fc_bias: bool = False):
         super().__init__()
         self.config = config
@@ -29,6 +36,7 @@ class Eagle1Head(nn.Module):
         # Shared with the target at load time; never saved in the head's checkpoint.
         self.embed_tokens: nn.Embedding | None = None
         self.lm_head: nn.Linear | None = None
+        self.fuse_layers()
 
     def share(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> "Eagle1Head":
         self.embed_tokens = embed_tokens
@@ -39,17 +47,13 @@ class Eagle1Head(nn.Module):
                 meta=None) -> torch.Tensor:
         """Draft hidden states [T, h] for tokens `input_ids` fused with target `hidden_states`.
 
-        With `meta` the layer attends through the paged cache; without it (training)
-        it uses whatever attention the config names, over one causal sequence.
+        With `meta` the layer attends through the paged cache; without it, through
+        whatever attention the config names, over one causal sequence.
         """
         embeds = self.embed_tokens(input_ids)
-        fused = self.fc(torch.cat((embeds, hidden_states.to(embeds.dtype)), dim=-1)).unsqueeze(0)
-        position_ids = positions.unsqueeze(0)
-        rope = self.rotary_emb(fused, position_ids=position_ids)
-        extra = {"paged": meta} if meta is not None else {}
-        out = self.layers[0](fused, attention_mask=None, position_ids=position_ids,
-                             position_embeddings=rope, **extra)
-        return out[0]
+        fused = self.fc(torch.cat((embeds, hidden_states.to(embeds.dtype)), dim=-1))
+        cos, sin = rope_tables(self.rotary_emb, fused, positions)
+        return decoder_layer(self.layers[0], fused, cos, sin, meta)
 
     def fuse_target_hidden(self, features: torch.Tensor) -> torch.Tensor:
         """The target features the drafter's hidden_states buffer holds (EAGLE-1: as they are)."""

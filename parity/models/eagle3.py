@@ -18,6 +18,11 @@ the draft prefill), so every drafter graph starts from an [T, h] buffer, as the
 EAGLE-1 graphs do, and the draft decode steps (whose hidden input is the head's
 own output) need no fc at all. vLLM splits it the same way (`combine_hidden_states`).
 
+`forward` (the engine's, [T, h]) runs the layer in the target's fused ops (`decoder_layer`:
+one q/k/v GEMM over the 2h concat, one gate/up GEMM, the residual add fused with the
+post-attention norm); `layer_forward` ([B, T, h], what training runs) runs the modules,
+transformers' math, which the fused path equals bit for bit on the CPU.
+
 Checkpoint keys: `midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`,
 `midlayer.self_attn.{q,k,v,o}_proj.weight`, `midlayer.mlp.{gate,up,down}_proj.weight`,
 `fc.weight`, `norm.weight`, `lm_head.weight`, `d2t` (int64 [draft_vocab]),
@@ -30,6 +35,9 @@ import torch
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from parity.models.decoder_layer import layer_body, rms_norm, rope_tables
+from parity.models.fused_weights import FusedLayers
 
 NUM_AUX_LAYERS = 3
 AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -89,6 +97,15 @@ class Eagle3DecoderLayer(nn.Module):
         hidden = residual + attn
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
+    def fused_forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      meta) -> torch.Tensor:
+        """`forward` in the fused ops: [T, h] embeds and hidden, RoPE's [T, D] cos/sin -> [T, h]."""
+        normed = rms_norm(self.hidden_norm, hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat((rms_norm(self.input_layernorm, embeds), normed), dim=-1)
+        out, residual = layer_body(self, x, residual, cos, sin, meta)
+        return residual + out
+
 
 class DraftVocabLMHead(nn.Module):
     """lm_head over the draft vocabulary whose logits come out in the target vocabulary.
@@ -128,7 +145,7 @@ class DraftVocabLMHead(nn.Module):
         return out.index_copy_(1, self.target_ids(), draft)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(FusedLayers):
     def __init__(self, config: LlamaConfig, target_hidden_size: int | None = None):
         super().__init__()
         self.config = config
@@ -141,6 +158,7 @@ class Eagle3Head(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config)
         # The target's, unless the checkpoint carries its own (see `loader.load_eagle3`).
         self.embed_tokens: nn.Embedding | None = None
+        self.fuse_layers()
 
     def share(self, embed_tokens: nn.Embedding) -> "Eagle3Head":
         self.embed_tokens = embed_tokens
@@ -148,7 +166,7 @@ class Eagle3Head(nn.Module):
 
     def layer_forward(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                       **attn_kwargs) -> torch.Tensor:
-        """Batched core: [B, T, h] embeds and hidden, [B, T] positions -> [B, T, h] pre-norm output."""
+        """[B, T, h] embeds and hidden, [B, T] positions -> [B, T, h], through the modules (what training runs)."""
         hidden = hidden.to(embeds.dtype)
         rope = self.rotary_emb(hidden, position_ids=position_ids)
         return self.midlayer(embeds, hidden, position_ids, rope, **attn_kwargs)
@@ -160,10 +178,10 @@ class Eagle3Head(nn.Module):
         `hidden_states` are fused target features (draft prefill) or the head's own
         outputs (draft steps). With `meta` the layer attends through the paged cache.
         """
-        embeds = self.embed_tokens(input_ids).unsqueeze(0)
-        extra = {"paged": meta} if meta is not None else {}
-        out = self.layer_forward(embeds, hidden_states.unsqueeze(0), positions.unsqueeze(0), **extra)
-        return out[0]
+        embeds = self.embed_tokens(input_ids)
+        hidden = hidden_states.to(embeds.dtype)
+        cos, sin = rope_tables(self.rotary_emb, hidden, positions)
+        return self.midlayer.fused_forward(embeds, hidden, cos, sin, meta)
 
     def fuse_target_hidden(self, features: torch.Tensor) -> torch.Tensor:
         """fc over the target's auxiliary hidden states: [T, 3h] -> [T, h] (run eagerly by the engine)."""

@@ -12,8 +12,11 @@ kernels.
 
 A module moved or re-assigned afterwards no longer views the fused weight:
 `fused` notices (a projection's storage is not the fused one) and
-refuses, so stale weights can never be used; `TargetModel` fuses again after
-every move.
+refuses, so stale weights can never be used; a model whose layers run fused
+(`FusedLayers`: the target, every draft head) fuses again after every move.
+The fused weight carries no gradient: the projections keep their
+`requires_grad` (a head trains through its modules, which read them), and
+`fused` refuses a forward that would need one (train mode, grad enabled).
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ def fuse(owner: nn.Module, names: tuple[str, ...]) -> None:
     first = 0
     for m in linears:
         rows = m.weight.shape[0]
-        m.weight = nn.Parameter(weight[first:first + rows], requires_grad=False)
+        m.weight = nn.Parameter(weight[first:first + rows], requires_grad=m.weight.requires_grad)
         if has_bias:
-            m.bias = nn.Parameter(bias[first:first + rows], requires_grad=False)
+            m.bias = nn.Parameter(bias[first:first + rows], requires_grad=m.bias.requires_grad)
         first += rows
     owner.__dict__[_ATTR] = (weight, bias)
 
@@ -51,7 +54,11 @@ def fused(owner: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch
     """The fused (weight, bias) of `owner`, checked to still be what its linears hold."""
     if not _still_fused(owner, names):
         raise RuntimeError(f"{type(owner).__name__}.{'/'.join(names)}: weights changed after they were fused; "
-                           "call fuse_projections() again")
+                           "call fuse_layers() again")
+    if owner.training and torch.is_grad_enabled() and any(p.requires_grad for n in names
+                                                          for p in getattr(owner, n).parameters()):
+        raise RuntimeError(f"{type(owner).__name__}.{'/'.join(names)}: training through the fused weight, which "
+                           "carries no gradient; train through the modules' own forward")
     return owner.__dict__[_ATTR]
 
 
@@ -75,3 +82,22 @@ def fuse_projections(layers) -> None:
     for layer in layers:
         fuse(layer.self_attn, QKV)
         fuse(layer.mlp, GATE_UP)
+
+
+class FusedLayers(nn.Module):
+    """A model whose `decoder_layers()` run in the fused ops: fused when built and again after every move.
+
+    Call `fuse_layers()` after replacing the layers' parameters (`load_state_dict(assign=True)`).
+    """
+
+    def decoder_layers(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def fuse_layers(self):
+        fuse_projections(self.decoder_layers())
+        return self
+
+    def _apply(self, fn, recurse=True):
+        # A move (.to, .cuda, a cast) gives every parameter its own new tensor: fuse them again.
+        super()._apply(fn, recurse)
+        return self.fuse_layers()

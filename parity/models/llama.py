@@ -14,8 +14,8 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from parity.models import fused_ops
-from parity.models.decoder_layer import layer_body, norm_input
-from parity.models.fused_weights import fuse_projections
+from parity.models.decoder_layer import layer_body, norm_input, rope_tables
+from parity.models.fused_weights import FusedLayers
 from parity.models.paged_attention import ATTN_IMPLEMENTATION, one_forward
 
 
@@ -25,7 +25,7 @@ def paged_config(config: LlamaConfig) -> LlamaConfig:
     return config
 
 
-class TargetModel(nn.Module):
+class TargetModel(FusedLayers):
     """A Llama-family causal LM whose forward reads paged-attention metadata.
 
     `forward` returns the final-normed hidden states [T, h] (what EAGLE-1 consumes)
@@ -39,13 +39,7 @@ class TargetModel(nn.Module):
         self.hf = hf_model
         self.config = hf_model.config
         self.aux_layers = tuple(aux_layers)
-        fuse_projections(self.decoder_layers())
-
-    def _apply(self, fn, recurse=True):
-        # A move (.to, .cuda, a cast) gives every parameter its own new tensor: fuse them again.
-        super()._apply(fn, recurse)
-        fuse_projections(self.decoder_layers())
-        return self
+        self.fuse_layers()
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -58,8 +52,7 @@ class TargetModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor | None]:
         model = self.hf.model
         hidden = model.embed_tokens(input_ids)
-        cos, sin = model.rotary_emb(hidden.unsqueeze(0), position_ids=positions.unsqueeze(0))
-        cos, sin = cos[0], sin[0]
+        cos, sin = rope_tables(model.rotary_emb, hidden, positions)
         aux = {}
         num_layers = self.config.num_hidden_layers
         residual = None

@@ -20,6 +20,9 @@ every layer runs and the index selects one output, so a graph captured once
 replays the right layer at every step (vLLM #48892 froze a host index at capture).
 Every layer therefore writes its own KV layer at every drafted position.
 
+`forward` runs each layer in the target's fused ops (`decoder_layer`); the modules'
+own forwards (transformers') are the same math, bit for bit on the CPU.
+
 Checkpoint keys (published names, `state_names`):
 - DeepSeek: `model.layers.<N+i>.{enorm,hnorm,eh_proj,shared_head.norm,shared_head.head}.weight` and the
   layer's usual tensors; N = the config's num_hidden_layers, i < num_nextn_predict_layers; optionally
@@ -39,6 +42,9 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from parity.models.decoder_layer import decoder_layer, rms_norm, rope_tables
+from parity.models.fused_weights import FusedLayers
+
 DEEPSEEK, QWEN3NEXT = "mtp-deepseek", "mtp-qwen3next"
 LAYOUTS = (DEEPSEEK, QWEN3NEXT)
 NUM_LAYERS_KEY = "num_nextn_predict_layers"
@@ -54,7 +60,7 @@ class ZeroCentredRMSNorm(LlamaRMSNorm):
         return ((1.0 + self.weight.float()) * x).to(dtype)
 
 
-class MtpHead(nn.Module):
+class MtpHead(FusedLayers):
     def __init__(self, config: LlamaConfig, layout: str):
         """`config.num_hidden_layers` is the number of MTP layers (the head's KV layers)."""
         super().__init__()
@@ -76,6 +82,7 @@ class MtpHead(nn.Module):
         self.embed_tokens: nn.Embedding | None = None
         self.target_lm_head: nn.Linear | None = None
         self._step_index = None
+        self.fuse_layers()
 
     @property
     def num_layers(self) -> int:
@@ -122,25 +129,21 @@ class MtpHead(nn.Module):
     def _part(self, modules: nn.ModuleList, i: int) -> nn.Module:
         return modules[i if len(modules) > 1 else 0]
 
-    def _layer(self, i: int, embeds, hidden, position_ids, rope, extra) -> torch.Tensor:
-        x = torch.cat((self._part(self.enorm, i)(embeds), self._part(self.hnorm, i)(hidden)), dim=-1)
-        x = self._part(self.eh_proj, i)(x)
-        out = self.blocks[i](x, attention_mask=None, position_ids=position_ids, position_embeddings=rope, **extra)
-        out = out[0] if isinstance(out, tuple) else out
+    def _layer(self, i: int, embeds, hidden, cos, sin, meta) -> torch.Tensor:
+        x = torch.cat((rms_norm(self._part(self.enorm, i), embeds), rms_norm(self._part(self.hnorm, i), hidden)),
+                      dim=-1)
+        out = decoder_layer(self.blocks[i], self._part(self.eh_proj, i)(x), cos, sin, meta)
         return self._part(self.final_norm, i)(out) if self.layout == QWEN3NEXT else out
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
                 meta=None) -> torch.Tensor:
         """Draft hidden states [T, h]: the selected layer's output (the next step's hidden input)."""
-        embeds = self.embed_tokens(input_ids).unsqueeze(0)
+        embeds = self.embed_tokens(input_ids)
         if self.layout == DEEPSEEK:   # DeepSeek's MTP reads no token at position 0 (as vLLM's deepseek_mtp)
-            embeds = torch.where((positions == 0).view(1, -1, 1), torch.zeros_like(embeds), embeds)
-        hidden = hidden_states.to(embeds.dtype).unsqueeze(0)
-        position_ids = positions.unsqueeze(0)
-        rope = self.rotary_emb(embeds, position_ids=position_ids)
-        extra = {"paged": meta} if meta is not None else {}
-        outputs = [self._layer(i, embeds, hidden, position_ids, rope, extra) for i in range(self.num_layers)]
-        return self._select(outputs)[0]
+            embeds = torch.where((positions == 0).view(-1, 1), torch.zeros_like(embeds), embeds)
+        hidden = hidden_states.to(embeds.dtype)
+        cos, sin = rope_tables(self.rotary_emb, embeds, positions)
+        return self._select([self._layer(i, embeds, hidden, cos, sin, meta) for i in range(self.num_layers)])
 
     def fuse_target_hidden(self, features: torch.Tensor) -> torch.Tensor:
         """The target features the drafter's hidden_states buffer holds (MTP: as they are)."""
