@@ -19,6 +19,7 @@ import torch
 
 from parity.engine.buffers import InputBuffers
 from parity.engine.kv_cache import PAD_SLOT, PagedKVCache
+from parity.engine.tree_metadata import TREE_FIELDS, RowTree, TreeMask, tree_values, tree_view
 
 TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "window_start")
 ROW_FIELDS = ("query_start_loc", "seq_lens", "req_ids")
@@ -32,6 +33,7 @@ class RowPlan:
     token_ids: list[int]       # the query tokens
     first_position: int        # position of token_ids[0]
     blocks: list[int]          # the request's KV blocks
+    tree: RowTree | None = None   # tree drafts: the query's rotary positions and visible nodes
 
     @property
     def query_len(self) -> int:
@@ -60,6 +62,7 @@ class AttentionMetadata:
     window_layers: tuple[int, ...] = ()
     # The draft step index as a host value (the step graph reads the `draft_step` buffer).
     draft_step: int = 0
+    tree: TreeMask | None = None    # tree drafts only (`tree_metadata`)
 
     def window_for_layer(self, layer: int) -> bool | None:
         return True if layer in self.window_layers else None
@@ -125,7 +128,14 @@ class MetadataBuilder:
         meta = self.make_view(num_tokens_padded, num_reqs_padded, host.num_reqs, host.num_tokens,
                               host.max_query_len, host.max_seq_len)
         self.store_block_table(host.block_table)
+        self.write_tree(rows, pad_tokens, host.num_tokens)
         return meta
+
+    def write_tree(self, rows: list[RowPlan], pad: int, num_tokens: int) -> None:
+        """Tree drafts: the rows' tree fields, and the rotary positions of their nodes (their depths)."""
+        if "tree_bits" in self.buffers:
+            for name, values in tree_values(rows, self.max_model_len).items():
+                self.write(name, values, pad, num_tokens)
 
     def host_batch(self, rows: list[RowPlan], num_reqs_padded: int, input_ids: list[int] | None) -> HostBatch:
         values = {name: [] for name in TOKEN_FIELDS + ROW_FIELDS}
@@ -180,11 +190,12 @@ class MetadataBuilder:
             block_size=self.block_size,
             max_model_len=self.max_model_len,
             window_layers=self.window_layers,
+            tree=tree_view(b, num_tokens_padded),
         )
 
     def build_dummy(self, num_tokens_padded: int, num_reqs_padded: int) -> AttentionMetadata:
         """Capture-time metadata: every token padding (PAD slots), so capture writes no KV."""
-        for name in TOKEN_FIELDS:
+        for name in TOKEN_FIELDS + (TREE_FIELDS if "tree_bits" in self.buffers else ()):
             self._fill(name, [], num_tokens_padded, 0)
         for name in ROW_FIELDS:
             self._fill(name, [0] if name == "query_start_loc" else [], num_reqs_padded, num_tokens_padded)

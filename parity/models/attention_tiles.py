@@ -149,6 +149,8 @@ class ForwardLayout:
     blocks: torch.Tensor                # [tiles, plan.num_blocks] KV blocks each tile gathers, in order
     hi: torch.Tensor                    # [tiles, tile_len] last key position each slot may see
     lo: torch.Tensor | None = None      # [tiles, tile_len] first key position each slot may see on window layers
+    tree_base: torch.Tensor | None = None   # [tiles, tile_len] tree drafts: first tree key of each slot's tree
+    tree_bits: torch.Tensor | None = None   # [tiles, tile_len] tree drafts: which tree keys the slot sees
 
 
 def forward_layout(meta, plan: TilePlan) -> ForwardLayout:
@@ -158,10 +160,16 @@ def forward_layout(meta, plan: TilePlan) -> ForwardLayout:
     target = tiles.token.masked_fill(tiles.idle, plan.num_tokens).flatten()
     # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
     seq_len = meta.seq_lens.index_select(0, tiles.tile_row).unsqueeze(1)
-    positions = meta.positions.index_select(0, slot_tokens).view(plan.num_tiles, plan.tile_len)
-    hi = torch.minimum(positions, seq_len - 1)
+    shape = (plan.num_tiles, plan.tile_len)
+    tree = getattr(meta, "tree", None)
+    # A tree node's key sits at its sequence index, past the rotary position (its depth) it is embedded at.
+    keys = meta.positions if tree is None else tree.seq
+    hi = torch.minimum(keys.index_select(0, slot_tokens).view(shape), seq_len - 1)
     blocks = meta.block_table[:, :plan.num_blocks].index_select(0, tiles.tile_row)
-    return ForwardLayout(slot_tokens, target, blocks, hi)
+    if tree is None:
+        return ForwardLayout(slot_tokens, target, blocks, hi)
+    return ForwardLayout(slot_tokens, target, blocks, hi, None, tree.base.index_select(0, slot_tokens).view(shape),
+                         tree.bits.index_select(0, slot_tokens).view(shape))
 
 
 def window_lo(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
@@ -169,6 +177,20 @@ def window_lo(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
     if layout.lo is None:
         layout.lo = meta.window_starts().index_select(0, layout.slot_tokens).view(plan.num_tiles, plan.tile_len)
     return layout.lo
+
+
+def tree_hidden(j: torch.Tensor, tree, num_tiles: int, tile_len: int) -> torch.Tensor:
+    """Which keys `j` [chunk] the tree mask hides from each slot: [tiles, 1, tile_len, chunk] bool.
+
+    A slot sees the keys before its tree's base (the context) and, past it, only
+    the nodes whose bit is set in its `bits` (its ancestors and itself); keys
+    past its own bound are hidden by the causal mask already, so the shift is
+    clamped into the int64 range (a tree has at most 63 nodes).
+    """
+    base = tree[0].view(num_tiles, 1, tile_len, 1)
+    bits = tree[1].view(num_tiles, 1, tile_len, 1)
+    offset = (j - base).clamp_(0, 62)
+    return (j >= base) & (bits.bitwise_right_shift(offset).bitwise_and_(1) == 0)
 
 
 def transient_bytes(plan: TilePlan, heads: int, head_dim: int, itemsize: int, block_size: int) -> int:
