@@ -125,9 +125,9 @@ def test_tree_rotary_positions_are_depths_and_keys_their_own_slots():
     parents = [-1, -1, 0, 2]
     meta, *_ = build([(5, parents)], pad_tokens=2, pad_rows=0)
     assert meta.positions[:5].tolist() == [5, 6, 6, 7, 8]
-    assert meta.tree.seq[:5].tolist() == [5, 6, 7, 8, 9]
-    assert meta.tree.bits[:5].tolist() == [0, 0b1, 0b10, 0b101, 0b1101]
-    assert meta.tree.bits[5:].tolist() == [0, 0], "padding sees no node"
+    assert meta.tree_seq[:5].tolist() == [5, 6, 7, 8, 9]
+    assert meta.tree_bits[:5].tolist() == [0, 0b1, 0b10, 0b101, 0b1101]
+    assert meta.tree_bits[5:].tolist() == [0, 0], "padding sees no node"
 
 
 def test_without_tree_buffers_the_metadata_has_no_tree():
@@ -135,4 +135,4 @@ def test_without_tree_buffers_the_metadata_has_no_tree():
     register_attention_buffers(buffers, 8, 2, 4)
     kv = PagedKVCache(1, 8, BLOCK, KVH, D, torch.float32, "cpu")
     meta = MetadataBuilder(buffers, kv, BLOCK, 16).build([RowPlan(0, [1, 2], 0, [0])], 4, 1)
-    assert meta.tree is None and "tree_bits" not in buffers
+    assert meta.tree_bits is None and "tree_bits" not in buffers

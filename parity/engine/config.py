@@ -15,6 +15,7 @@ from parity.errors import ParityInputError
 
 MAX_K = 32
 MAX_TOPK = 8
+MAX_TREE_SLOTS = 63     # a tree node's visible nodes are one int64 of bits
 MAX_SEED = (1 << 63) - 1     # seeds are folded into int64 arithmetic (engine/rng.py)
 
 
@@ -78,6 +79,14 @@ class EngineSettings:
         return self.topk > 1
 
     @property
+    def draft_reach(self) -> int:
+        """How far past a request's last token one engine step writes KV: K for the chain; for a tree,
+        its nodes in the verify or the drafter's frontiers, whichever reaches further."""
+        if not self.tree:
+            return self.num_speculative_tokens
+        return max(self.num_draft_tokens, (self.num_speculative_tokens - 1) * self.topk)
+
+    @property
     def tree_width(self) -> int:
         """Draft tokens verified per request: the kept tree nodes, or K for the chain."""
         return self.num_draft_tokens if self.tree else self.num_speculative_tokens
@@ -122,6 +131,9 @@ def _check_tree(steps: int, topk: int, nodes: int) -> None:
             raise SettingError("num_draft_tokens", f"num_draft_tokens must be K={steps} (the chain) when "
                                                    f"topk is 1, got {nodes}")
         return
+    if steps * topk > MAX_TREE_SLOTS:
+        raise SettingError("topk", f"K={steps} steps of topk={topk} draft {steps * topk} nodes a step's "
+                                   f"attention tells apart, more than {MAX_TREE_SLOTS}")
     most = min(MAX_K, max_tree_nodes(steps, topk))
     if not 1 <= nodes <= most:
         raise SettingError("num_draft_tokens", f"num_draft_tokens must be in 1..{most} for K={steps} steps "

@@ -12,8 +12,9 @@ Three persistent per-token buffers hold this, registered only when the engine
 drafts trees (so a chain engine is bitwise what it was): `tree_seq`,
 `tree_base` (FREE, like positions: a padded token has no slot and no output)
 and `tree_bits`, INERT with pad 0: padding sees no node. The builder writes
-them with the other token fields, so every graph mode and padded reference
-reads them from the same addresses.
+them with the other token fields and the view carries them
+(`AttentionMetadata.tree_seq`, `tree_base`, `tree_bits`), so every graph mode
+and padded reference reads them from the same addresses.
 """
 
 from __future__ import annotations
@@ -37,15 +38,6 @@ class RowTree:
     bits: tuple[int, ...]        # per query token: bit i set = sees the key at base + i
 
 
-@dataclass
-class TreeMask:
-    """The view a forward reads (`AttentionMetadata.tree`): [num_tokens_padded] each."""
-
-    seq: torch.Tensor
-    base: torch.Tensor
-    bits: torch.Tensor
-
-
 def register_tree_buffers(buffers: InputBuffers, max_tokens: int, max_model_len: int) -> None:
     i64 = torch.int64
     buffers.register("tree_seq", (max_tokens,), i64, TOKEN, 0, FREE)
@@ -53,10 +45,11 @@ def register_tree_buffers(buffers: InputBuffers, max_tokens: int, max_model_len:
     buffers.register("tree_bits", (max_tokens,), i64, TOKEN, 0, INERT)
 
 
-def tree_view(buffers: InputBuffers, num_tokens_padded: int) -> TreeMask | None:
+def tree_view(buffers: InputBuffers, num_tokens_padded: int) -> dict[str, torch.Tensor]:
+    """The metadata fields of the tree buffers ([num_tokens_padded] each), none without them."""
     if "tree_bits" not in buffers:
-        return None
-    return TreeMask(*(buffers[name][:num_tokens_padded] for name in TREE_FIELDS))
+        return {}
+    return {name: buffers[name][:num_tokens_padded] for name in TREE_FIELDS}
 
 
 def tree_values(rows, max_model_len: int) -> dict[str, list[int]]:

@@ -160,16 +160,10 @@ def forward_layout(meta, plan: TilePlan) -> ForwardLayout:
     target = tiles.token.masked_fill(tiles.idle, plan.num_tokens).flatten()
     # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
     seq_len = meta.seq_lens.index_select(0, tiles.tile_row).unsqueeze(1)
-    shape = (plan.num_tiles, plan.tile_len)
-    tree = getattr(meta, "tree", None)
-    # A tree node's key sits at its sequence index, past the rotary position (its depth) it is embedded at.
-    keys = meta.positions if tree is None else tree.seq
-    hi = torch.minimum(keys.index_select(0, slot_tokens).view(shape), seq_len - 1)
+    positions = meta.positions.index_select(0, slot_tokens).view(plan.num_tiles, plan.tile_len)
+    hi = torch.minimum(positions, seq_len - 1)
     blocks = meta.block_table[:, :plan.num_blocks].index_select(0, tiles.tile_row)
-    if tree is None:
-        return ForwardLayout(slot_tokens, target, blocks, hi)
-    return ForwardLayout(slot_tokens, target, blocks, hi, None, tree.base.index_select(0, slot_tokens).view(shape),
-                         tree.bits.index_select(0, slot_tokens).view(shape))
+    return ForwardLayout(slot_tokens, target, blocks, hi)
 
 
 def window_lo(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
@@ -177,6 +171,25 @@ def window_lo(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
     if layout.lo is None:
         layout.lo = meta.window_starts().index_select(0, layout.slot_tokens).view(plan.num_tiles, plan.tile_len)
     return layout.lo
+
+
+def tree_bounds(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
+    """Tree drafts: the causal bound of every slot ([tiles, tile_len]), computed once per forward.
+
+    A tree node's key sits at its sequence index (`meta.tree_seq`), past the
+    rotary position (its depth) the causal bound of `forward_layout` read; the
+    tree's first key and the bits of the nodes each slot sees go with it
+    (`tree_hidden`). Without a tree, the layout's bound as it is.
+    """
+    if getattr(meta, "tree_bits", None) is None:
+        return layout.hi
+    if layout.tree_bits is None:
+        shape = (plan.num_tiles, plan.tile_len)
+        seq_len = meta.seq_lens.index_select(0, tile_map(meta, plan).tile_row).unsqueeze(1)
+        layout.hi = torch.minimum(meta.tree_seq.index_select(0, layout.slot_tokens).view(shape), seq_len - 1)
+        layout.tree_base = meta.tree_base.index_select(0, layout.slot_tokens).view(shape)
+        layout.tree_bits = meta.tree_bits.index_select(0, layout.slot_tokens).view(shape)
+    return layout.hi
 
 
 def tree_hidden(j: torch.Tensor, tree, num_tiles: int, tile_len: int) -> torch.Tensor:

@@ -61,8 +61,8 @@ import torch
 from transformers import AttentionInterface
 
 from parity.models import fused_ops
-from parity.models.attention_tiles import (ForwardLayout, TilePlan, forward_layout, plan_tiles, tree_hidden,
-                                          window_lo)
+from parity.models.attention_tiles import (ForwardLayout, TilePlan, forward_layout, plan_tiles, tree_bounds,
+                                          tree_hidden, window_lo)
 
 ATTN_IMPLEMENTATION = "parity_paged"
 
@@ -147,8 +147,8 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     layout = _layout(meta, plan)
     lo = window_lo(layout, meta, plan) if meta.window_for_layer(layer) else None
     out = paged_attend(query[0].transpose(0, 1), k_cache, v_cache, layout.slot_tokens, layout.target,
-                       layout.blocks, layout.hi, lo, scaling, plan.tile_len, plan.chunks[0][1], meta.block_size,
-                       layout.tree_base, layout.tree_bits)
+                       layout.blocks, tree_bounds(layout, meta, plan), lo, scaling, plan.tile_len, plan.chunks[0][1],
+                       meta.block_size, layout.tree_base, layout.tree_bits)
     return out[:num_tokens].view(1, num_tokens, heads, head_dim)
 
 
