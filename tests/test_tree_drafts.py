@@ -120,3 +120,46 @@ def test_chain_settings_are_the_chain():
     assert not chain.tree and chain.tree_width == 4 and EngineSettings(num_speculative_tokens=4, num_draft_tokens=4)
     tree = EngineSettings(num_speculative_tokens=5, topk=4, num_draft_tokens=15, max_num_batched_tokens=256)
     assert tree.tree and tree.tree_width == 15
+
+
+def test_tree_expansion_follows_the_chain_drafter_where_their_paths_meet(random_pair, monkeypatch):
+    """The drafter's tree attention against the chain drafter as brute force.
+
+    Both engines draft from the same contexts at step 0 (every request prefilled
+    then). The tree's best depth-1 candidate is the chain's draft 0; below it the
+    best child of the chain's node, wherever that node reached the frontier, must
+    be the chain's next draft, with its log-probability: a node that saw a sibling
+    or missed an ancestor in the drafter's cache drafts from another context. The
+    two engines forward different batch shapes (topk nodes per request against
+    one), so the log-probabilities agree to fp32 rounding, not bitwise: 1e-4
+    absolute, below what a wrong context moves (a frontier that forgot its
+    ancestors moved one by 4.6e-3 with this pair).
+    """
+    from conftest import engine_config, make_specs
+    from parity.engine import tree_drafter
+    from parity.engine.spec_decode import SpecDecodeEngine
+
+    specs = make_specs(3, seed=5, max_tokens=6, min_prompt=4, max_prompt=20, stagger=0)
+    base = dict(num_speculative_tokens=4, max_num_seqs=3, max_num_batched_tokens=96)
+    chain = SpecDecodeEngine(*random_pair, engine_config(**base)).run(specs).drafts
+    seen = []
+    read = tree_drafter.read_candidates
+    monkeypatch.setattr(tree_drafter, "read_candidates", lambda *a: seen.append(read(*a)) or seen[-1])
+    k = 3
+    SpecDecodeEngine(*random_pair, engine_config(**base, topk=k, num_draft_tokens=10)).run(specs)
+    compared = 0
+    for req, (tokens, scores, parents) in enumerate(seen[0]):
+        drafts = chain[(chain.step == 1) & (chain.req_id == req)].sort_values("draft_index")
+        node = 0
+        for d, row in enumerate(drafts.itertuples()):
+            if d > 0:
+                children = [c for c in range(len(parents)) if parents[c] == node]
+                if not children:
+                    break          # the chain's node did not reach the frontier
+                node = children[0]
+            lp = scores[node] - (scores[parents[node]] if parents[node] >= 0 else 0.0)
+            assert abs(lp - row.draft_logprob) < 1e-4, (req, d)
+            if row.draft_top2_gap > 1e-4:       # not a near tie: the same argmax
+                assert tokens[node] == row.draft_token, (req, d)
+            compared += 1
+    assert compared >= 2 * len(specs), "the comparison reached below depth 1"
