@@ -114,3 +114,23 @@ def test_tree_cuda_graphs_equal_their_padded_reference(random_pair, mode):
     assert graphs.outputs == ref.outputs
     assert by_token(graphs).logprob.tolist() == by_token(ref).logprob.tolist()
     assert by_draft(graphs)[["draft_token", "accepted"]].equals(by_draft(ref)[["draft_token", "accepted"]])
+
+
+@pytest.mark.parametrize("mode, steps, topk, nodes, sizes", [
+    ("full_decode_only", 1, 3, 3, [4, 8, 9, 13]),      # K=1: the draft step is captured, never replayed
+    ("full_and_piecewise", 2, 3, 5, [4, 6, 10, 21]),   # token-keyed draft steps padded past tokens / topk rows
+])
+def test_tree_graphs_at_odd_shapes_equal_their_padded_reference(random_pair, mode, steps, topk, nodes, sizes):
+    cfg = dict(num_speculative_tokens=steps, topk=topk, num_draft_tokens=nodes, max_num_seqs=2,
+               max_num_batched_tokens=2 * (1 + nodes) + 2)
+    specs = SPECS[:5]
+    eager = SpecDecodeEngine(*random_pair, engine_config(**cfg)).run(specs)
+    engine = SpecDecodeEngine(*random_pair, engine_config(**cfg))
+    install_graphs(engine, mode, "emulated", capture_sizes=sizes)
+    graphs = engine.run(specs)
+    reference = SpecDecodeEngine(*random_pair, engine_config(**cfg))
+    install_padded_reference(reference, mode, capture_sizes=sizes)
+    ref = reference.run(specs)
+    assert graphs.outputs == eager.outputs == ref.outputs
+    assert by_token(graphs).logprob.tolist() == by_token(ref).logprob.tolist()
+    assert "full" in set(graphs.forwards.runtime_mode)

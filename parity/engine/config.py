@@ -121,6 +121,12 @@ def max_tree_nodes(steps: int, topk: int) -> int:
     return topk + (steps - 1) * topk * topk
 
 
+def candidate_columns(steps: int, topk: int) -> int:
+    """Columns of the drafter's candidate buffers: a tree's candidates, and with K=1 the columns of step 1,
+    which a capture of the (never replayed) draft step writes."""
+    return max_tree_nodes(max(steps, 2), topk)
+
+
 def _check_tree(steps: int, topk: int, nodes: int) -> None:
     if not _integer(topk) or not 1 <= topk <= MAX_TOPK:
         raise SettingError("topk", f"topk must be an integer in 1..{MAX_TOPK}, got {topk!r}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from parity.engine.buffers import ROW, InputBuffers
-from parity.engine.config import EngineConfig, max_tree_nodes
+from parity.engine.config import EngineConfig, candidate_columns, max_tree_nodes
 from parity.engine.kv_cache import PAD_SLOT
 
 # What every tree draft forward writes per row (the candidates and the frontier).
@@ -32,7 +32,7 @@ ROOT = ("root_hidden",)
 
 def register_drafter_buffers(b: InputBuffers, config: EngineConfig, hidden_size: int, dtype: torch.dtype) -> None:
     rows, k = config.max_num_seqs, config.topk
-    m = max_tree_nodes(config.num_speculative_tokens, k)
+    m = candidate_columns(config.num_speculative_tokens, k)
     b.register("cand_tokens", (rows, m), torch.int64, ROW)
     b.register("cand_scores", (rows, m), torch.float32, ROW)
     b.register("cand_parents", (rows, m), torch.int64, ROW)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from parity.engine.config import EngineConfig, max_tree_nodes
+from parity.engine.config import EngineConfig, candidate_columns
 from parity.errors import OutOfDeviceMemory, ParityInputError
 from parity.graphs.dispatcher import Dispatcher
 from parity.graphs.modes import EAGER, FULL, PIECEWISE, default_capture_sizes, fallback_for, validate_capture_sizes
@@ -178,7 +178,7 @@ class _Shapes:
     def _tree(self, cfg, tokens: int, drafter_tokens: int, itemsize: int) -> int:
         """Tree drafts' buffers: the tree mask of both owners, the drafter's candidates and frontier."""
         rows, k = cfg.max_num_seqs, cfg.topk
-        candidates = max_tree_nodes(cfg.num_speculative_tokens, k)
+        candidates = candidate_columns(cfg.num_speculative_tokens, k)
         return (3 * 8 * (tokens + drafter_tokens) + rows * (candidates + k) * (8 + 4 + 8)
                 + rows * self.h.hidden * itemsize)
 
