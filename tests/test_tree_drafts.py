@@ -102,7 +102,7 @@ def test_accept_greedy_is_the_longest_accepted_path(seed):
 
 
 @pytest.mark.parametrize("settings, key", [
-    (dict(topk=4), "num_draft_tokens"),
+    (dict(topk=4), "topk"),
     (dict(topk=1, num_draft_tokens=2), "num_draft_tokens"),
     (dict(topk=9), "topk"),
     (dict(topk=2, num_draft_tokens=7, num_speculative_tokens=2), "num_draft_tokens"),

@@ -141,6 +141,8 @@ def _check_tree(steps: int, topk: int, nodes: int) -> None:
         raise SettingError("topk", f"K={steps} steps of topk={topk} draft {steps * topk} nodes a step's "
                                    f"attention tells apart, more than {MAX_TREE_SLOTS}")
     most = min(MAX_K, max_tree_nodes(steps, topk))
+    if nodes == 0:
+        raise SettingError("topk", f"topk={topk} needs num_draft_tokens (1..{most}): the nodes a tree keeps")
     if not 1 <= nodes <= most:
         raise SettingError("num_draft_tokens", f"num_draft_tokens must be in 1..{most} for K={steps} steps "
                                                f"of topk={topk}, got {nodes}")

@@ -52,10 +52,10 @@ def keep_path_kv(kv_cache, plans, paths, slot_of) -> None:
                 dst.append(slot_of(plan.blocks, plan.first_position + depth))
     if not src:
         return
-    # In depth order a move never reads a slot an earlier move wrote: a node's index is at least its depth - 1.
+    # Every source is read before any destination is written (a destination may be another move's source).
     for cache in kv_cache.tensors():
-        for s, d in zip(src, dst):
-            cache[d].copy_(cache[s])
+        rows = torch.tensor(src, device=cache.device)
+        cache.index_copy_(0, torch.tensor(dst, device=cache.device), cache.index_select(0, rows))
 
 
 def path_first(features: torch.Tensor, starts: list[int], paths) -> torch.Tensor:
