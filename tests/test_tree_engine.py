@@ -134,3 +134,25 @@ def test_tree_graphs_at_odd_shapes_equal_their_padded_reference(random_pair, mod
     assert graphs.outputs == eager.outputs == ref.outputs
     assert by_token(graphs).logprob.tolist() == by_token(ref).logprob.tolist()
     assert "full" in set(graphs.forwards.runtime_mode)
+
+
+@pytest.mark.slow
+def test_eagle_tree_scenario_passes_in_every_mode(tmp_path):
+    """scenarios/eagle-tree.yaml (SGLang-like: 5 steps of topk 4, 15 nodes) through `parity run`, the user's path:
+    every mode PASS, graphs bitwise equal to their padded references, acceptance reported per depth."""
+    import json
+    from pathlib import Path
+
+    from tests.robustkit import call, run_args
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "eagle-tree.yaml"
+    code, out, err = call(run_args(scenario, "--out", str(tmp_path / "run"), modes="all"))
+    assert code == 0, err[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["modes"]) == {"eager", "piecewise", "full", "full_decode_only", "full_and_piecewise"}
+    rates = summary["modes"]["eager"]["acceptance_per_position"]
+    assert len(rates) == 5 and rates == sorted(rates, reverse=True) and rates[0] > 0.5, rates
+    for mode, run in summary["modes"].items():
+        assert run["verdict"] == "pass", mode
+        if mode != "eager":
+            assert run["reference"]["bitwise_equal"], mode
