@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from parity.engine import tree_drafter
 from parity.engine.buffers import InputBuffers
 from parity.engine.kv_cache import PAD_SLOT, PagedKVCache
+from parity.engine.tree_metadata import TREE_FIELDS, RowTree, tree_values, tree_view
 
 TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping", "window_start")
 ROW_FIELDS = ("query_start_loc", "seq_lens", "req_ids")
@@ -32,6 +34,7 @@ class RowPlan:
     token_ids: list[int]       # the query tokens
     first_position: int        # position of token_ids[0]
     blocks: list[int]          # the request's KV blocks
+    tree: RowTree | None = None   # tree drafts: the query's rotary positions and visible nodes
 
     @property
     def query_len(self) -> int:
@@ -60,6 +63,10 @@ class AttentionMetadata:
     window_layers: tuple[int, ...] = ()
     # The draft step index as a host value (the step graph reads the `draft_step` buffer).
     draft_step: int = 0
+    # Tree drafts only (`tree_metadata`): each token's key index, its tree's first key, the tree keys it sees.
+    tree_seq: torch.Tensor | None = None
+    tree_base: torch.Tensor | None = None
+    tree_bits: torch.Tensor | None = None
 
     def window_for_layer(self, layer: int) -> bool | None:
         return True if layer in self.window_layers else None
@@ -105,6 +112,12 @@ class MetadataBuilder:
             return 0
         return max(0, position - self.sliding_window + 1)
 
+    def write_tree(self, rows: list[RowPlan], pad: int, num_tokens: int) -> None:
+        """Tree drafts: the rows' tree fields, and the rotary positions of their nodes (their depths)."""
+        if "tree_bits" in self.buffers:
+            for name, values in tree_values(rows, self.max_model_len).items():
+                self.write(name, values, pad, num_tokens)
+
     # --- a batch ----------------------------------------------------------------------
 
     def build(self, rows: list[RowPlan], num_tokens_padded: int, num_reqs_padded: int,
@@ -120,6 +133,7 @@ class MetadataBuilder:
         for name in TOKEN_FIELDS:
             if name != "input_ids" or write_input_ids:
                 self.write(name, host.values[name], pad_tokens, host.num_tokens)
+        self.write_tree(rows, pad_tokens, host.num_tokens)
         for name in ROW_FIELDS:
             self.write(name, host.values[name], pad_reqs, host.num_tokens)
         meta = self.make_view(num_tokens_padded, num_reqs_padded, host.num_reqs, host.num_tokens,
@@ -176,6 +190,7 @@ class MetadataBuilder:
             num_actual_tokens=num_actual_tokens,
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
+            **tree_view(b, num_tokens_padded),
             kv_cache=self.kv_cache,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
@@ -184,7 +199,7 @@ class MetadataBuilder:
 
     def build_dummy(self, num_tokens_padded: int, num_reqs_padded: int) -> AttentionMetadata:
         """Capture-time metadata: every token padding (PAD slots), so capture writes no KV."""
-        for name in TOKEN_FIELDS:
+        for name in TOKEN_FIELDS + (TREE_FIELDS if "tree_bits" in self.buffers else ()):
             self._fill(name, [], num_tokens_padded, 0)
         for name in ROW_FIELDS:
             self._fill(name, [0] if name == "query_start_loc" else [], num_reqs_padded, num_tokens_padded)
@@ -198,8 +213,10 @@ class MetadataBuilder:
 
         positions += 1, seq_lens += 1, slot_mapping recomputed from the block table,
         positions past max_model_len clamped with a PAD slot, sliding-window starts
-        rebuilt. Padded rows (seq_lens 0) stay inert.
+        rebuilt. Padded rows (seq_lens 0) stay inert. A tree's frontier: `tree_drafter.advance`.
         """
+        if meta.tree_bits is not None:
+            return tree_drafter.advance(self.buffers, meta, self.block_size, self.max_model_len)
         n = num_reqs_padded
         positions = meta.positions[:n]
         seq_lens = meta.seq_lens[:n]

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from parity.engine import rejection
+from parity.engine import rejection, tree_drafter
 from parity.engine.buffers import FREE, ROW, TOKEN, InputBuffers, register_attention_buffers
 from parity.engine.config import EngineConfig
 from parity.engine.kv_cache import PagedKVCache
 from parity.engine.metadata import MetadataBuilder, RowPlan
 from parity.engine.owner import Forward, Owner
+from parity.engine.tree import DraftTree, select_tree
+from parity.engine.tree_metadata import RowTree, register_tree_buffers
 
 
 # What every draft forward writes per row, besides the next step's inputs.
@@ -37,10 +39,12 @@ class EagleProposer(Owner):
         k = config.num_speculative_tokens
         self.buffers = InputBuffers(self.name, device)
         b = self.buffers
-        register_attention_buffers(b, config.max_num_batched_tokens, config.max_num_seqs, config.blocks_per_seq)
+        # A tree's draft step forwards topk nodes per request.
+        tokens = max(config.max_num_batched_tokens, config.max_num_seqs * config.topk)
+        register_attention_buffers(b, tokens, config.max_num_seqs, config.blocks_per_seq)
         dtype = head.fc.weight.dtype
         vocab = head.lm_head.weight.shape[0]
-        b.register("hidden_states", (config.max_num_batched_tokens, hc.hidden_size), dtype, TOKEN, None, FREE)
+        b.register("hidden_states", (tokens, hc.hidden_size), dtype, TOKEN, None, FREE)
         b.register("sample_indices", (config.max_num_seqs,), torch.int64, ROW, 0, FREE)
         b.register("draft_step", (1,), torch.int64)
         b.register("draft_tokens", (config.max_num_seqs, k), torch.int64, ROW)
@@ -48,6 +52,9 @@ class EagleProposer(Owner):
         b.register("draft_probs", (config.max_num_seqs, k, vocab), torch.float32, ROW)
         # top-1 minus top-2 draft logprob: how close a draft was to a tie (numerics reports read it)
         b.register("draft_gaps", (config.max_num_seqs, k), torch.float32, ROW)
+        if config.tree:
+            register_tree_buffers(b, tokens, config.max_model_len)
+            tree_drafter.register_drafter_buffers(b, config, hc.hidden_size, dtype)
         head_dim = getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads
         self.kv_cache = PagedKVCache(hc.num_hidden_layers, config.num_blocks, config.block_size,
                                      hc.num_key_value_heads, head_dim, dtype, device)
@@ -62,10 +69,21 @@ class EagleProposer(Owner):
 
     def forwards(self) -> tuple[Forward, ...]:
         q = self.config.num_speculative_tokens + 1
+        if self.config.tree:
+            return self.tree_forwards()
         writes = tuple((name, ROW) for name in ("input_ids", "hidden_states") + DRAFT_OUTPUTS)
         return (Forward("draft_prefill", self.prefill_forward, self.config.max_num_batched_tokens, q, (), writes,
                         DRAFT_OUTPUTS),
                 Forward("draft_step", self.step_forward, self.config.max_num_seqs, 1, (), writes, DRAFT_OUTPUTS))
+
+    def tree_forwards(self) -> tuple[Forward, ...]:
+        """A tree's: the draft prefill writes the first frontier, a draft step the next (`tree_drafter`)."""
+        cfg = self.config
+        rows = tuple((name, ROW) for name in tree_drafter.TREE_OUTPUTS + tree_drafter.FRONTIER)
+        steps = (("input_ids", TOKEN), ("hidden_states", TOKEN)) + rows
+        return (Forward("draft_prefill", self.prefill_forward, cfg.max_num_batched_tokens, cfg.tree_width + 1, (),
+                        rows + tuple((name, ROW) for name in tree_drafter.ROOT)),
+                Forward("draft_step", self.step_forward, cfg.max_num_seqs * cfg.topk, cfg.topk, (), steps))
 
     def decoder_layers(self) -> list[torch.nn.Module]:
         return list(self.head.decoder_layers())
@@ -86,7 +104,7 @@ class EagleProposer(Owner):
         sampled token; later entries (rejected drafts, then a pad) are overwritten
         next step. A prefill row drafts from its last position.
         """
-        k, b = self.config.num_speculative_tokens, self.buffers
+        k, b = self.config.tree_width, self.buffers
         shifted, sample_rows = [], []
         for i, row in enumerate(rows):
             tokens, accepted = emitted[i]
@@ -114,10 +132,27 @@ class EagleProposer(Owner):
 
     def prepare_steps(self, rows):
         """Metadata of the draft decode steps (one token per row, after the emitted tokens)."""
+        if self.config.tree:
+            return self.prepare_tree_steps(rows)
         n = len(rows)
         plans = [RowPlan(r.request.req_id, [0], len(r.request.tokens) - 1, r.request.blocks) for r in rows]
         d = self.executor.dispatch("draft_step", n, n, True)
         meta = self.builder.build(plans, d.num_tokens_padded, d.num_reqs_padded, write_input_ids=False)
+        self.buffers["draft_step"].fill_(1)
+        meta.draft_step = 1
+        return d, meta
+
+    def prepare_tree_steps(self, rows):
+        """Metadata of the first tree draft step: the root's topk children, after the emitted tokens."""
+        n, k = len(rows), self.config.topk
+        plans = []
+        for r in rows:
+            base = len(r.request.tokens) - 1
+            tree = RowTree((base,) * k, base, tuple(1 << c for c in range(k)))
+            plans.append(RowPlan(r.request.req_id, [0] * k, base, r.request.blocks, tree))
+        d = self.executor.dispatch("draft_step", n * k, n, True)
+        meta = self.builder.build(plans, d.num_tokens_padded, d.num_reqs_padded, write_input_ids=False)
+        tree_drafter.first_inputs(self.buffers, k, n)
         self.buffers["draft_step"].fill_(1)
         meta.draft_step = 1
         return d, meta
@@ -136,6 +171,12 @@ class EagleProposer(Owner):
         gaps = b["draft_gaps"][:n].tolist()
         probs = b["draft_probs"][:n].clone() if self.config.temperature > 0 else None
         return [(tokens[i], logprobs[i], gaps[i], probs[i] if probs is not None else None) for i in range(n)]
+
+    def read_trees(self, n: int) -> list[DraftTree]:
+        """Per row: the tree kept of this engine step's candidates."""
+        cfg = self.config
+        return [select_tree(*row, cfg.num_draft_tokens)
+                for row in tree_drafter.read_candidates(self.buffers, n, cfg.num_speculative_tokens, cfg.topk)]
 
     # --- captured bodies -------------------------------------------------------------
 
@@ -159,6 +200,12 @@ class EagleProposer(Owner):
         t, n = num_tokens_padded, num_reqs_padded
         positions = b["positions"][:t]
         hidden = self.head(b["input_ids"][:t], positions, b["hidden_states"][:t], meta)
+        if self.config.tree:
+            k = self.config.topk
+            rows = tree_drafter.frontier_rows(t, n, k)
+            nodes = hidden[: rows * k]
+            tree_drafter.expand(b, k, rows, self.draft_logits(nodes), nodes)
+            return ()
         self._emit(n, hidden[:n], positions[:n] + 2)
         return ()
 
@@ -167,6 +214,9 @@ class EagleProposer(Owner):
         b = self.buffers
         cfg = self.config
         logits = self.draft_logits(row_hidden)
+        if cfg.tree:
+            tree_drafter.emit_root(b, cfg.topk, n, logits, row_hidden)
+            return
         tokens = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
                                         req_ids=b["req_ids"][:n], positions=self.sampling_positions(drafted_positions))
         probs = rejection.draft_distribution(logits, cfg.temperature)

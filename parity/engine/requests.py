@@ -27,6 +27,7 @@ class Request:
     draft_logprobs: list[float] = field(default_factory=list)
     draft_gaps: list[float] = field(default_factory=list)      # top-1 minus top-2 draft logprob
     draft_probs: object = None                        # [K, V] tensor when sampling
+    draft_tree: object = None                         # tree drafts: the `tree.DraftTree` of the drafts
     blocks: list[int] = field(default_factory=list)
     num_computed: int = 0                             # prompt tokens already prefilled
     finished: bool = False

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.engine import sampling
+from parity.engine import sampling, tree_verify
 from parity.engine.config import EngineConfig
 from parity.engine.kv_cache import BlockAllocator
 from parity.engine.metadata import RowPlan
@@ -76,7 +76,7 @@ class RunEvents:
 
 def check_admissible(spec: RequestSpec, cfg: EngineConfig) -> None:
     """A request the scheduler could never finish is an input error, not a hang."""
-    k = cfg.num_speculative_tokens if cfg.spec_decode else 0
+    k = cfg.draft_reach if cfg.spec_decode else 0
     if not spec.prompt:
         raise ParityInputError(f"request {spec.req_id}: empty prompt")
     if len(spec.prompt) + k + 1 > cfg.max_model_len:
@@ -105,6 +105,15 @@ class SpecDecodeEngine:
     def k(self) -> int:
         return self.config.num_speculative_tokens if self.config.spec_decode else 0
 
+    @property
+    def reach(self) -> int:
+        """How far past a request's last token one step writes KV (`EngineConfig.draft_reach`)."""
+        return self.config.draft_reach if self.config.spec_decode else 0
+
+    @property
+    def tree(self) -> bool:
+        return self.config.tree and self.config.spec_decode
+
     def owners(self) -> tuple[Owner, ...]:
         """The target runner and (with speculative decoding) the proposer: all a forward touches."""
         return (self.target,) if self.proposer is None else (self.target, self.proposer)
@@ -131,7 +140,7 @@ class SpecDecodeEngine:
         self.allocator = allocator
         requests = [Request(s.req_id, list(s.prompt), s.max_tokens, s.arrival_step) for s in specs]
         scheduler = Scheduler(requests, cfg.max_num_seqs, cfg.max_num_batched_tokens, allocator,
-                              positions_ahead=2 * self.k + 2, max_model_len=cfg.max_model_len)
+                              positions_ahead=2 * self.reach + 2, max_model_len=cfg.max_model_len)
         records = self.parts.records()
         self._forwards = 0
         step = 0
@@ -150,8 +159,10 @@ class SpecDecodeEngine:
 
     def _step(self, step: int, rows: list[ScheduledRow], records: Records):
         """Verify every row's query, emit tokens, propose the next drafts, record."""
-        k, target = self.k, self.target
-        plans = [RowPlan(r.request.req_id, r.query, r.first_position, r.request.blocks) for r in rows]
+        k, target, tree = self.k, self.target, self.tree
+        plans = [RowPlan(r.request.req_id, r.query, r.first_position, r.request.blocks,
+                         tree_verify.verify_tree(r.request.draft_tree, r.first_position)
+                         if tree and not r.is_prefill else None) for r in rows]
         starts = [0]
         for p in plans:
             starts.append(starts[-1] + p.query_len)
@@ -162,9 +173,15 @@ class SpecDecodeEngine:
         for row in rows:
             if row.is_prefill:
                 row.request.num_computed = row.chunk_end
-        emitted = sampling.emit(rows, plans, starts, logits, self.config, k)
-        verified = [(list(r.request.drafts), list(r.request.draft_logprobs), list(r.request.draft_gaps))
-                    for r in rows]
+        if tree:
+            emitted, paths = tree_verify.emit(rows, plans, starts, logits, self.config)
+            tree_verify.keep_path_kv(target.kv_cache, plans, paths, target.builder.slot_of)
+            verified = [r.request.draft_tree for r in rows]
+            features, plans = tree_verify.path_first(features, starts, paths), tree_verify.chain_plans(plans)
+        else:
+            emitted = sampling.emit(rows, plans, starts, logits, self.config, k)
+            verified = [(list(r.request.drafts), list(r.request.draft_logprobs), list(r.request.draft_gaps))
+                        for r in rows]
         if self.proposer is not None:
             yield from self._draft(step, rows, plans, starts, emitted, features, records)
         else:
@@ -174,7 +191,11 @@ class SpecDecodeEngine:
         # NOTE: target logprobs are read only now, after the drafter ran, like an
         # engine that copies outputs to the host asynchronously. A drafter that
         # overwrites live target outputs (a shared graph pool) shows up here.
-        records.record_step(step, rows, starts, emitted, verified, logits, k)
+        if tree:
+            records.read_logits(tree_verify.step_entries(step, rows, starts, emitted, verified, paths),
+                                logits[: starts[-1]])
+        else:
+            records.record_step(step, rows, starts, emitted, verified, logits, k)
         self._finish(rows)
 
     def _draft(self, step, rows, plans, starts, emitted, features, records):
@@ -199,6 +220,10 @@ class SpecDecodeEngine:
                 if j > 1:
                     proposer.advance(meta, dispatch)
                 yield from self._forward(step, proposer, dispatch, meta, j, records, n)
+        if self.tree:
+            for row, tree in zip(drafting, proposer.read_trees(n)):
+                row.request.draft_tree, row.request.drafts = tree, list(tree.tokens)
+            return
         for row, (tokens, logprobs, gaps, probs) in zip(drafting, proposer.read_drafts(n)):
             req = row.request
             req.drafts, req.draft_logprobs, req.draft_gaps, req.draft_probs = tokens, logprobs, gaps, probs
@@ -219,6 +244,6 @@ class SpecDecodeEngine:
         """Requests that reached max_tokens (or the end of their context) stop here."""
         for row in rows:
             req = row.request
-            if req.num_output >= req.max_tokens or len(req.tokens) + self.k + 1 > self.config.max_model_len:
+            if req.num_output >= req.max_tokens or len(req.tokens) + self.reach + 1 > self.config.max_model_len:
                 del req.tokens[len(req.prompt) + req.max_tokens:]
                 req.finished = True

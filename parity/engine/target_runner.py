@@ -9,6 +9,7 @@ from parity.engine.config import EngineConfig
 from parity.engine.kv_cache import PagedKVCache
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.owner import Forward, Owner
+from parity.engine.tree_metadata import register_tree_buffers
 
 
 class TargetRunner(Owner):
@@ -23,6 +24,8 @@ class TargetRunner(Owner):
         self.buffers = InputBuffers(self.name, device)
         register_attention_buffers(self.buffers, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.blocks_per_seq)
+        if config.tree and config.spec_decode:
+            register_tree_buffers(self.buffers, config.max_num_batched_tokens, config.max_model_len)
         head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
         self.kv_cache = PagedKVCache(mc.num_hidden_layers, config.num_blocks, config.block_size,
                                      mc.num_key_value_heads, head_dim, model.lm_head.weight.dtype, device)
@@ -31,7 +34,7 @@ class TargetRunner(Owner):
 
     def forwards(self) -> tuple[Forward, ...]:
         return (Forward("verify", self.verify, self.config.max_num_batched_tokens,
-                        self.config.num_speculative_tokens + 1, ("logits", "features")),)
+                        self.config.tree_width + 1, ("logits", "features")),)
 
     def decoder_layers(self) -> list[torch.nn.Module]:
         return list(self.model.decoder_layers())

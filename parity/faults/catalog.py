@@ -136,6 +136,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "EagleProposer.store_hidden (MTP head)", "TensorRT-LLM #5058", "mtp-deepseek", GRAPH_MODES,
           "the drafter's sampler writes padded rows' samples to the pad slot 0: the last padded row's token and "
           "hidden state become row 0's next draft inputs", head="mtp-deepseek"),
+    Fault("tree-mask-rebuilt", BUFFER_REASSIGNED, ("tree_bits",), "MetadataBuilder.write (tree_bits)",
+          "issue 30", "eagle-tree", FULL_MODES,
+          "tree drafts: the builder writes each batch's tree mask into a fresh tensor; a FULL graph keeps reading "
+          "the mask it was captured with"),
 ]}
 
 

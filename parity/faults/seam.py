@@ -13,6 +13,7 @@ import dataclasses
 from parity.engine.parts import EngineParts
 from parity.faults import mutations as m
 from parity.faults import runner_mutations as r
+from parity.faults import tree_mutations as t
 from parity.graphs.policy import CapturePolicy
 
 
@@ -52,6 +53,7 @@ MUTATIONS: dict[str, Mutation] = {
     "logits-item-in-capture": Mutation(("target_runner",), m.LogitsOfLiveTokens),
     "mtp-layer-index-frozen": Mutation(("proposer",), m.MtpLayerIndexFrozen),
     "mtp-padded-rows-not-skipped": Mutation(("proposer",), m.MtpPaddedRowsNotSkipped),
+    "tree-mask-rebuilt": Mutation(BUILDERS, t.TreeMaskRebuilt),
 }
 
 

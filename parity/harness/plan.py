@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from parity.engine.config import EngineConfig
+from parity.engine.config import EngineConfig, candidate_columns
 from parity.errors import OutOfDeviceMemory, ParityInputError
 from parity.graphs.dispatcher import Dispatcher
 from parity.graphs.modes import EAGER, FULL, PIECEWISE, default_capture_sizes, fallback_for, validate_capture_sizes
@@ -168,9 +168,19 @@ class _Shapes:
         slots = cfg.num_blocks * cfg.block_size + 1
         self.kv_cache = sum(2 * d.layers * slots * d.kv_heads * d.head_dim * itemsize for d in (self.t, self.h))
         T, R, K = cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.num_speculative_tokens
-        attention = 8 * (4 * T + (R + 1) + R + R * cfg.blocks_per_seq + R)   # register_attention_buffers
-        drafter = T * self.h.hidden * itemsize + 8 * R + 8 + R * K * (8 + 4 + 4) + R * K * self.h.vocab * FP32
-        self.buffers = 2 * attention + drafter
+        Td = max(T, R * cfg.topk)     # a tree's draft step forwards topk nodes per request
+
+        def attention(tokens: int) -> int:   # register_attention_buffers
+            return 8 * (4 * tokens + (R + 1) + R + R * cfg.blocks_per_seq + R)
+        drafter = Td * self.h.hidden * itemsize + 8 * R + 8 + R * K * (8 + 4 + 4) + R * K * self.h.vocab * FP32
+        self.buffers = attention(T) + attention(Td) + drafter + (self._tree(cfg, T, Td, itemsize) if cfg.tree else 0)
+
+    def _tree(self, cfg, tokens: int, drafter_tokens: int, itemsize: int) -> int:
+        """Tree drafts' buffers: the tree mask of both owners, the drafter's candidates and frontier."""
+        rows, k = cfg.max_num_seqs, cfg.topk
+        candidates = candidate_columns(cfg.num_speculative_tokens, k)
+        return (3 * 8 * (tokens + drafter_tokens) + rows * (candidates + k) * (8 + 4 + 8)
+                + rows * self.h.hidden * itemsize)
 
     def forward(self, owner: str, tokens: int, rows: int, attention: bool) -> int:
         if owner == "target":

@@ -62,6 +62,8 @@ _SCALARS = {
     "temperature": ((int, float), "a number >= 0"),
     "seed": (int, "an integer"),
     "block_size": (int, "a positive integer"),
+    "topk": (int, "an integer in 1..8"),
+    "num_draft_tokens": (int, "a positive integer"),
     "max_model_len": (int, "a positive integer"),
     "drafter_mode": (str, "a mode name"),
     "shared_drafter_pool": (bool, "true or false"),

@@ -149,6 +149,8 @@ class ForwardLayout:
     blocks: torch.Tensor                # [tiles, plan.num_blocks] KV blocks each tile gathers, in order
     hi: torch.Tensor                    # [tiles, tile_len] last key position each slot may see
     lo: torch.Tensor | None = None      # [tiles, tile_len] first key position each slot may see on window layers
+    tree_base: torch.Tensor | None = None   # [tiles, tile_len] tree drafts: first tree key of each slot's tree
+    tree_bits: torch.Tensor | None = None   # [tiles, tile_len] tree drafts: which tree keys the slot sees
 
 
 def forward_layout(meta, plan: TilePlan) -> ForwardLayout:
@@ -169,6 +171,39 @@ def window_lo(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
     if layout.lo is None:
         layout.lo = meta.window_starts().index_select(0, layout.slot_tokens).view(plan.num_tiles, plan.tile_len)
     return layout.lo
+
+
+def tree_bounds(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
+    """Tree drafts: the causal bound of every slot ([tiles, tile_len]), computed once per forward.
+
+    A tree node's key sits at its sequence index (`meta.tree_seq`), past the
+    rotary position (its depth) the causal bound of `forward_layout` read; the
+    tree's first key and the bits of the nodes each slot sees go with it
+    (`tree_hidden`). Without a tree, the layout's bound as it is.
+    """
+    if getattr(meta, "tree_bits", None) is None:
+        return layout.hi
+    if layout.tree_bits is None:
+        shape = (plan.num_tiles, plan.tile_len)
+        seq_len = meta.seq_lens.index_select(0, tile_map(meta, plan).tile_row).unsqueeze(1)
+        layout.hi = torch.minimum(meta.tree_seq.index_select(0, layout.slot_tokens).view(shape), seq_len - 1)
+        layout.tree_base = meta.tree_base.index_select(0, layout.slot_tokens).view(shape)
+        layout.tree_bits = meta.tree_bits.index_select(0, layout.slot_tokens).view(shape)
+    return layout.hi
+
+
+def tree_hidden(j: torch.Tensor, tree, num_tiles: int, tile_len: int) -> torch.Tensor:
+    """Which keys `j` [chunk] the tree mask hides from each slot: [tiles, 1, tile_len, chunk] bool.
+
+    A slot sees the keys before its tree's base (the context) and, past it, only
+    the nodes whose bit is set in its `bits` (its ancestors and itself); keys
+    past its own bound are hidden by the causal mask already, so the shift is
+    clamped into the int64 range (a tree has at most 63 nodes).
+    """
+    base = tree[0].view(num_tiles, 1, tile_len, 1)
+    bits = tree[1].view(num_tiles, 1, tile_len, 1)
+    offset = (j - base).clamp_(0, 62)
+    return (j >= base) & (bits.bitwise_right_shift(offset).bitwise_and_(1) == 0)
 
 
 def transient_bytes(plan: TilePlan, heads: int, head_dim: int, itemsize: int, block_size: int) -> int:

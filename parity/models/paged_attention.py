@@ -61,7 +61,8 @@ import torch
 from transformers import AttentionInterface
 
 from parity.models import fused_ops
-from parity.models.attention_tiles import ForwardLayout, TilePlan, forward_layout, plan_tiles, window_lo
+from parity.models.attention_tiles import (ForwardLayout, TilePlan, forward_layout, plan_tiles, tree_bounds,
+                                          tree_hidden, window_lo)
 
 ATTN_IMPLEMENTATION = "parity_paged"
 
@@ -146,7 +147,8 @@ def attention_core(module, query, key, value, scaling, meta) -> torch.Tensor:
     layout = _layout(meta, plan)
     lo = window_lo(layout, meta, plan) if meta.window_for_layer(layer) else None
     out = paged_attend(query[0].transpose(0, 1), k_cache, v_cache, layout.slot_tokens, layout.target,
-                       layout.blocks, layout.hi, lo, scaling, plan.tile_len, plan.chunks[0][1], meta.block_size)
+                       layout.blocks, tree_bounds(layout, meta, plan), lo, scaling, plan.tile_len, plan.chunks[0][1],
+                       meta.block_size, layout.tree_base, layout.tree_bits)
     return out[:num_tokens].view(1, num_tokens, heads, head_dim)
 
 
@@ -164,18 +166,20 @@ def _layout(meta, plan: TilePlan) -> ForwardLayout:
 @torch.library.custom_op("parity::paged_attend", mutates_args=())
 def paged_attend(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_tokens: torch.Tensor,
                  target: torch.Tensor, blocks: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor | None,
-                 scaling: float, tile_len: int, chunk_blocks: int, block_size: int) -> torch.Tensor:
+                 scaling: float, tile_len: int, chunk_blocks: int, block_size: int,
+                 tree_base: torch.Tensor | None = None, tree_bits: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of query [T, H, D] over the tiles' contexts: [T + 1, H, D], row T and padded tokens zero.
 
     One op (see `fused_ops` for why a custom op): the torch implementation
-    below on the CPU, the Triton kernel of `triton_attention` on CUDA.
+    below on the CPU, the Triton kernel of `triton_attention` on CUDA (the
+    torch one for tree drafts, whose mask the kernel does not read).
     """
     return torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling, tile_len,
-                              chunk_blocks, block_size)
+                              chunk_blocks, block_size, tree_base, tree_bits)
 
 
 def torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling: float, tile_len: int,
-                       chunk_blocks: int, block_size: int) -> torch.Tensor:
+                       chunk_blocks: int, block_size: int, tree_base=None, tree_bits=None) -> torch.Tensor:
     """`paged_attend` in torch ops: the context in chunks of `chunk_blocks` blocks with an online softmax."""
     num_tokens, heads, head_dim = query.shape
     kv_heads = k_cache.shape[1]
@@ -194,7 +198,8 @@ def torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi,
     q.copy_(gathered.view(num_tiles, tile_len, kv_heads, groups, head_dim).permute(2, 0, 3, 1, 4))   # one copy
     q = q.view(batch, rows_per_tile, head_dim).mul_(scaling)
 
-    acc = _attend(q, k_cache, v_cache, blocks, hi, lo, tile_len, chunk_blocks, block_size, kv_heads, groups)
+    tree = None if tree_base is None else (tree_base, tree_bits)
+    acc = _attend(q, k_cache, v_cache, blocks, hi, lo, tile_len, chunk_blocks, block_size, kv_heads, groups, tree)
 
     # The max key of a row contributes exp(0) = 1, so the sum is >= 1 wherever a
     # key was valid and exactly 0 where none was (acc is 0 there too): the clamp
@@ -210,8 +215,10 @@ def torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi,
 
 
 def _attend(q, k_cache, v_cache, blocks, hi, lo, tile_len: int, chunk_blocks: int, block_size: int,
-            kv_heads: int, groups: int) -> torch.Tensor:
-    """Online softmax over the context chunks: [KVH * tiles, G * tile_len, D + 4] (P.V | softmax sum)."""
+            kv_heads: int, groups: int, tree=None) -> torch.Tensor:
+    """Online softmax over the context chunks: [KVH * tiles, G * tile_len, D + 4] (P.V | softmax sum).
+
+    `tree`: (base, bits) per slot, tree drafts only: key j >= base is seen only where bit j - base is set."""
     batch, _, head_dim = q.shape
     num_tiles, num_blocks = blocks.shape
     # [num_blocks, block_size, KVH, D] views: a chunk is one index_select of whole blocks, each
@@ -236,6 +243,8 @@ def _attend(q, k_cache, v_cache, blocks, hi, lo, tile_len: int, chunk_blocks: in
         masked = j > bound
         if start is not None:
             masked |= j < start
+        if tree is not None:
+            masked |= tree_hidden(j, tree, num_tiles, tile_len)
         staged = stage[:, :chunk]
         kv_part = staged[:, :, :head_dim]
         _stage(kv_part, k_blocks, chunk_ids, kv_heads, num_tiles)
@@ -271,11 +280,11 @@ def _stage(kv_part: torch.Tensor, cache_blocks: torch.Tensor, blocks: torch.Tens
 if fused_ops.HAS_TRITON:
     @paged_attend.register_kernel("cuda")
     def _(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling, tile_len, chunk_blocks,
-          block_size):
+          block_size, tree_base=None, tree_bits=None):
         from parity.models import triton_attention
-        if not triton_attention.supports(query, k_cache):
+        if tree_base is not None or not triton_attention.supports(query, k_cache):
             return torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling,
-                                      tile_len, chunk_blocks, block_size)
+                                      tile_len, chunk_blocks, block_size, tree_base, tree_bits)
         return triton_attention.paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo,
                                              scaling, tile_len, block_size)
 
