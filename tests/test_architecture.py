@@ -25,7 +25,6 @@ are open to all.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import re
 import textwrap
