@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -29,6 +28,7 @@ from parity.models.fused_weights import GATE_UP, QKV, fused
 from parity.models.llama import build_target
 from parity.models.loader import load_eagle1
 from parity.models.mtp import DEEPSEEK, LAYOUTS, QWEN3NEXT, MtpHead
+from tests.test_paged_attention import OpCounter
 
 VOCAB = 97
 SHAPES = {   # name -> config overrides; (hidden, heads, kv heads, head_dim) and the extras each head must honour
@@ -120,18 +120,6 @@ def test_fused_head_forward_equals_the_modules_bit_for_bit(kind, shape, dtype):
         assert torch.equal(got, want), f"{kind} {shape} T={tokens}: max diff {(got - want).abs().max()}"
 
 
-class _OpCount(TorchDispatchMode):
-    """Ops that reach the dispatcher, views included: what the emulated graph records."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3", DEEPSEEK])
 def test_fused_head_forward_dispatches_fewer_ops(kind):
     head = _head(kind, "gqa", torch.float32)
@@ -139,7 +127,7 @@ def test_fused_head_forward_dispatches_fewer_ops(kind):
     counts = {}
     with torch.no_grad(), attention_implementation("sdpa", head.config):
         for name, call in (("fused", head), ("modules", lambda *a: _reference(head, *a))):
-            with _OpCount() as count:
+            with OpCounter() as count:
                 call(ids, positions, hidden)
             counts[name] = count.ops
     assert counts["fused"] < counts["modules"] * 0.7, counts
