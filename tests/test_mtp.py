@@ -162,7 +162,7 @@ def test_every_mode_is_bitwise_its_padded_reference_and_eager(target, specs, lay
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
 def test_multi_layer_heads_on_cuda_graphs_are_bitwise_their_padded_references(specs, mode):
-    from conftest import build_random_pair
+    from tests.conftest import build_random_pair
     target, _ = build_random_pair()
     target = target.to("cuda")
     for layout in LAYOUTS:

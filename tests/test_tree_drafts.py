@@ -135,7 +135,7 @@ def test_tree_expansion_follows_the_chain_drafter_where_their_paths_meet(random_
     absolute, below what a wrong context moves (a frontier that forgot its
     ancestors moved one by 4.6e-3 with this pair).
     """
-    from conftest import engine_config, make_specs
+    from tests.conftest import engine_config, make_specs
     from parity.engine import tree_drafter
     from parity.engine.spec_decode import SpecDecodeEngine
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import by_draft, by_token, engine_config, make_specs
+from tests.conftest import by_draft, by_token, engine_config, make_specs
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs.factory import install_graphs, install_padded_reference
 
