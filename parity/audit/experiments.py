@@ -26,7 +26,7 @@ from parity.audit.one_variable import search
 from parity.graphs.roles import MISSING, Path, assign, resolve
 from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
 from parity.audit.trace import storage_ptr
-from parity.audit.writes import skipped_writes
+from parity.audit.writes import absent_evidence, skipped_writes
 from parity.graphs.host_state import restore_in
 
 MAX_HOST_CANDIDATES = 16
@@ -227,10 +227,6 @@ def _absent(lab: Lab, path: Path, restores: bool) -> Experiment:
     """An input that was None at capture and holds a tensor now: the code that reads it never ran at capture, so
     the graph lacks its work (CAPTURE_CONTEXT, naming the writes the graph skips and the input)."""
     skipped = skipped_writes(lab)
-    evidence = [f"{path} was None when the graph was captured and holds a tensor now: what the callable does "
-                "with it never ran at capture, and a replay runs no Python"]
-    if skipped:
-        evidence.append(f"the eager run writes {', '.join(skipped)}; the captured graph never writes "
-                        f"{'it' if len(skipped) == 1 else 'them'}")
+    evidence = absent_evidence(str(path), skipped, "the eager run")
     return Experiment("CAPTURE_CONTEXT", f"re-capture with only {path} present (its live tensor; None at "
                       "capture) and replay", [*skipped, str(path)], restores, evidence=evidence)

@@ -26,3 +26,14 @@ def skipped_writes(lab) -> list[str]:
         if isinstance(value, torch.Tensor) and value.numel() and storage_ptr(value) in missing:
             names.setdefault(storage_ptr(value), str(path))
     return [names.get(ptr, f"storage 0x{ptr:x}") for ptr in missing]
+
+
+def absent_evidence(name: str, skipped: list[str], writer: str) -> list[str]:
+    """What an input absent (None) at capture explains: the work that reads it is not in the graph, and the
+    writes `writer` ("the eager run", "the reference forward") performs that the captured graph never does."""
+    evidence = [f"{name} was None when the graph was captured and holds a tensor now: what reads it never ran at "
+                "capture, and a replay runs no Python"]
+    if skipped:
+        evidence.append(f"{writer} writes {', '.join(skipped)}; the captured graph never writes "
+                        f"{'it' if len(skipped) == 1 else 'them'}")
+    return evidence

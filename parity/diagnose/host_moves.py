@@ -32,6 +32,7 @@ from parity.diagnose.state import host_moves
 from parity.audit.one_variable import search
 from parity.graphs import host_state
 from parity.graphs.capture import capture
+from parity.graphs.host_state import short
 from parity.graphs.modes import PIECEWISE
 
 
@@ -60,7 +61,7 @@ def stage(lab: Divergence) -> Diagnosis | None:
             continue
         experiment, control = found
         evidence = [f"{name}: advanced by the forward itself: the reference's forward moved it "
-                    f"{_short(ref_before)} -> {_short(ref_after)}",
+                    f"{short(ref_before)} -> {short(ref_after)}",
                     _graph_side(name, path, graph_pre[path], moves["graph"], entry, executor),
                     f"{experiment}: the forward's outputs equal the padded reference's bit for bit; {control}"]
         return lab.diagnosis(FROZEN_AT_CAPTURE, [name], evidence=evidence, experiment=experiment)
@@ -78,8 +79,8 @@ def _replayed(lab: Divergence, holder, path, value):
     if not found.restoring:
         return False     # any fresh capture restores parity (the value is not what differs), or none does
     name = host_state.name(path)
-    return (f"re-capture with {name} at the reference's value {_short(value)} (same addresses, one host value "
-            "changed)", f"the control re-capture with the value it was captured with ({_short(baked)}) does not")
+    return (f"re-capture with {name} at the reference's value {short(value)} (same addresses, one host value "
+            "changed)", f"the control re-capture with the value it was captured with ({short(baked)}) does not")
 
 
 def _recaptured(lab: Divergence, holder, path, value) -> bool:
@@ -110,7 +111,7 @@ def _eager(lab: Divergence, holder, path, value):
         return False
     name = host_state.name(path)
     return (f"re-run the forward from the graph run's pre-state with only {name} at the reference's value "
-            f"{_short(value)}", "the control re-run from the unchanged pre-state does not")
+            f"{short(value)}", "the control re-run from the unchanged pre-state does not")
 
 
 def _rerun_matches(lab: Divergence, holder, values: dict) -> bool:
@@ -128,18 +129,13 @@ def _rerun_matches(lab: Divergence, holder, values: dict) -> bool:
 def _graph_side(name, path, before, graph_moves, entry, executor) -> str:
     """What the graph run did with the value: its replay left it alone, its captures moved it."""
     if entry is not None:
-        text = (f"the graph run's replay left it at {_short(before)}" if path not in graph_moves else
-                f"the graph run moved it {_short(graph_moves[path][0])} -> {_short(graph_moves[path][1])}")
-        text += f"; the graph was captured with {_short(entry.captured_host.get(path, '?'))}"
+        text = (f"the graph run's replay left it at {short(before)}" if path not in graph_moves else
+                f"the graph run moved it {short(graph_moves[path][0])} -> {short(graph_moves[path][1])}")
+        text += f"; the graph was captured with {short(entry.captured_host.get(path, '?'))}"
         if path in entry.capture_moved:
             a, b = entry.capture_moved[path]
-            text += f" (its capture moved it {_short(a)} -> {_short(b)}: a replay runs no Python)"
+            text += f" (its capture moved it {short(a)} -> {short(b)}: a replay runs no Python)"
         return text
     captures = sum(path in e.capture_moved for e in getattr(executor, "graphs", {}).values())
-    return (f"this forward runs eagerly in the graph run, where it started at {_short(before)}; "
+    return (f"this forward runs eagerly in the graph run, where it started at {short(before)}; "
             f"{captures} of the owner's captures moved it, and replays never do")
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

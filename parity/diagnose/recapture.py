@@ -28,12 +28,14 @@ import torch
 
 from parity.diagnosis.kinds import CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, UNEXPLAINED
 from parity.audit.one_variable import search
+from parity.audit.writes import absent_evidence
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.probes import probe_layers
 from parity.diagnose.readset import graph_writes, reference_writes
 from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
+from parity.graphs.host_state import short
 from parity.graphs.modes import PIECEWISE
 
 
@@ -72,11 +74,7 @@ def absent_inputs(lab: Divergence) -> Diagnosis | None:
         return None
     name = found.restoring[0]
     skipped = sorted(reference_writes(lab) - graph_writes(lab))
-    evidence = [f"{name} was None in the capture-time metadata and holds a tensor in the live metadata: what "
-                "the forward does with it never ran at capture, and a replay runs no Python"]
-    if skipped:
-        evidence.append(f"the reference forward writes {', '.join(skipped)}; the captured graph never "
-                        f"writes {'it' if len(skipped) == 1 else 'them'}")
+    evidence = absent_evidence(f"the metadata's {name}", skipped, "the reference forward")
     experiment = (f"re-capture with only {name} present (the live metadata's tensor; None at capture), same "
                   "addresses: replaying restores bitwise parity; the control re-capture as captured does not")
     return lab.diagnosis(CAPTURE_CONTEXT, [*skipped, name], evidence=evidence + [experiment],
@@ -145,13 +143,8 @@ def _baked(lab: Divergence, names, moved) -> Diagnosis:
 
 
 def _frozen(lab: Divergence, frozen, captured, live_fields) -> Diagnosis:
-    evidence = [f"{k}: captured {_short(captured.get(k))}, live {_short(live_fields[k])}" for k in frozen]
+    evidence = [f"{k}: captured {short(captured.get(k))}, live {short(live_fields[k])}" for k in frozen]
     evidence.append(f"re-capturing with the same tensors and only the live {', '.join(frozen)} restores bitwise "
                     "parity; the control re-capture with the captured values does not")
     experiment = f"re-capture with the live {', '.join(frozen)} (same addresses, one host value changed)"
     return lab.diagnosis(FROZEN_AT_CAPTURE, frozen, evidence=evidence, experiment=experiment)
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

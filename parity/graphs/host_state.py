@@ -91,3 +91,9 @@ def name(path: Path) -> str:
 def same(a, b) -> bool:
     """Equal host values of one type (NaN equals NaN)."""
     return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+def short(value) -> str:
+    """A host value as evidence prints it: its repr, cut at 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
