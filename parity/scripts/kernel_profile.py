@@ -1,7 +1,7 @@
-"""Where a FULL verify forward's GPU time goes: `python -m parity.scripts.kernel_profile --synth-dir DIR`.
+"""Where a FULL forward's GPU time goes: `python -m parity.scripts.kernel_profile --synth-dir DIR`.
 
 For a real-shape pair (the synthetic 8B pair of `parity models synth`, or any
-local target/EAGLE-1 pair) in bf16 on one GPU: the target's verify forward at
+local target/head pair) in bf16 on one GPU: the verify or drafter forward at
 batch 1, 8 and 32 (uniform decode batches, max_model_len 512, as `parity bench
 scale` times them) run once eagerly at the FULL graph's padded shape, which
 launches the very kernels the replay does, under torch.profiler; the kernels
@@ -37,15 +37,15 @@ def format_groups(title: str, groups: list[tuple[str, int, float]], top: int) ->
     return "\n".join(lines)
 
 
-def profile_verify(pair, batch: int, device) -> list[tuple[str, float]]:
-    """The device events of one verify forward at `batch`, run eagerly at its FULL graph's padded shape."""
+def profile_forward(pair, phase: str, batch: int, device) -> list[tuple[str, float]]:
+    """The device events of one `phase` forward at `batch`, run eagerly at its FULL graph's padded shape."""
     import torch
 
     from parity.harness.bench import forward_engines, prepare_forward
     from parity.harness.bench_scale import device_events
 
     with forward_engines(pair, device, "cuda", ("full",), batch, 512, capture_sizes=(batch,)) as engines:
-        forward = prepare_forward(engines["full"], "verify", batch)
+        forward = prepare_forward(engines["full"], phase, batch)
         with torch.no_grad():
             for _ in range(3):      # the allocator's and cuBLAS's first-call work stays out of the profile
                 forward.eager_at_padded_shape()
@@ -54,8 +54,10 @@ def profile_verify(pair, batch: int, device) -> list[tuple[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.scripts.kernel_profile", description=__doc__.splitlines()[0])
-    p.add_argument("--synth-dir", default="/tmp/synth8b", help="a folder holding target/ and eagle1/")
-    p.add_argument("--batches", default="1,8,32", help="verify batch sizes, comma-separated")
+    p.add_argument("--synth-dir", default="/tmp/synth8b", help="a folder holding target/ and the head's folder")
+    p.add_argument("--head", default="eagle1", help="the drafter's folder under --synth-dir (eagle1, eagle3, ...)")
+    p.add_argument("--phases", default="verify", help="verify, draft_step, draft_prefill; comma-separated")
+    p.add_argument("--batches", default="1,8,32", help="batch sizes, comma-separated")
     p.add_argument("--top", type=int, default=20, help="kernel groups shown per batch")
     args = p.parse_args(argv)
     from parity.scripts.gpu_scale import cuda_problem
@@ -70,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(args.synth_dir)
     device = torch.device("cuda")
-    pair = load_pair("local", target_path=str(root / "target"), draft_path=str(root / "eagle1"),
+    pair = load_pair("local", target_path=str(root / "target"), draft_path=str(root / args.head),
                      dtype=torch.bfloat16, device=device)
-    for batch in (int(b) for b in args.batches.split(",")):
-        print(format_groups(f"verify batch {batch}", group_kernels(profile_verify(pair, batch, device)), args.top))
+    for phase in args.phases.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            events = profile_forward(pair, phase, batch, device)
+            print(format_groups(f"{phase} batch {batch}", group_kernels(events), args.top))
     return 0
 
 
