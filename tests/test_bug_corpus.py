@@ -77,6 +77,10 @@ def test_grading_rules():
     assert grade.grade_graph(bug, _summary({"full": "pass", "piecewise": "pass"}, {}))[0] == "MISSED"
     both = _summary({"full": "drift", "piecewise": "drift"}, {"full": right, "piecewise": right})
     assert grade.grade_graph(bug, both)[0] == "FALSE ALARM"
+    from tests.bugs.report import totals
+
+    errors = [{"class": "graph", "grade": "ERROR", "known_gap": gap} for gap in (None, "exits 3")]
+    assert totals(errors)["failures"] == 1, "a known gap's grade is reported, not fatal"
 
 
 def test_second_engine_grading_rules():

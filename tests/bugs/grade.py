@@ -24,7 +24,7 @@ then read DIR/summary.json and grade:
 A bug with `engine: second` patches tests/second_engine/ instead and is graded on
 what parity.audit says of the engine's audited workload (tests/bugs/second.py).
 
-Exit status: 1 on MISSED, FALSE ALARM, NO-APPLY or ERROR; WRONG is reported, not fatal.
+Exit status: 1 on MISSED, FALSE ALARM, NO-APPLY or ERROR (unless the bug is a known_gap); WRONG is reported, not fatal.
 
     python -m tests.bugs.grade [--backend emulated|cuda] [--jobs 2] [--only ID ...] [--engine E] [--json FILE]
 """
