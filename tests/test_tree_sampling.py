@@ -43,7 +43,8 @@ TREE_CFG = dict(num_speculative_tokens=3, topk=3, num_draft_tokens=7, max_num_se
 SPECS = make_specs(3, seed=21, max_tokens=6, min_prompt=1, max_prompt=12, stagger=1)
 
 
-def test_sampled_tree_graphs_equal_their_padded_reference(random_pair, mode="full"):
+def test_sampled_tree_graphs_equal_their_padded_reference(random_pair):
+    mode = "full"
     engine = SpecDecodeEngine(*random_pair, engine_config(**TREE_CFG))
     install_graphs(engine, mode, "emulated")
     graphs = engine.run(SPECS)
@@ -73,3 +74,26 @@ def test_sampled_tree_cuda_graphs_equal_their_padded_reference(random_pair):
     graphs, ref = runs
     assert graphs.outputs == ref.outputs
     assert by_token(graphs).logprob.tolist() == by_token(ref).logprob.tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.costly
+def test_eagle_tree_sampled_scenario_passes_in_every_mode(tmp_path):
+    """scenarios/eagle-tree-sampled.yaml through `parity run`: every mode PASS, graphs bitwise equal to their padded
+    references, sampled acceptance reported per depth."""
+    import json
+    from pathlib import Path
+
+    from tests.robustkit import call, run_args
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "eagle-tree-sampled.yaml"
+    code, out, err = call(run_args(scenario, "--out", str(tmp_path / "run"), modes="all"))
+    assert code == 0, err[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["temperature"] == 0.8
+    assert set(summary["modes"]) == {"eager", "piecewise", "full", "full_decode_only", "full_and_piecewise"}
+    assert summary["modes"]["eager"]["acceptance_per_position"][0] > 0
+    for mode, run in summary["modes"].items():
+        assert run["verdict"] == "pass", mode
+        if mode != "eager":
+            assert run["reference"]["bitwise_equal"], mode
