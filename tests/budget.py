@@ -4,7 +4,8 @@ The budget (`--budget-seconds`, else PARITY_TEST_BUDGET_S, else 60 s) holds for 
 its setup (a module fixture it is the first to need included) and its call, as
 measured on the 2-core CI machine with both cores busy (`make test` runs two
 xdist workers). Tests marked `gpu` are exempt: they run on the device, whose
-suite has its own figures (README). `make test` also prints the 15 slowest.
+suite has its own figures (README); so are tests marked `costly`, which make
+test leaves to make test-costly. `make test` also prints the 15 slowest.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     budget = item.config.getoption("budget_seconds") or budget_seconds()
-    if call.when == "teardown" or not report.passed or "gpu" in item.keywords or call.duration <= budget:
+    exempt = "gpu" in item.keywords or "costly" in item.keywords
+    if call.when == "teardown" or not report.passed or exempt or call.duration <= budget:
         return
     report.outcome = "failed"
     report.longrepr = (f"{item.nodeid}: its {call.when} took {call.duration:.1f} s, over the budget of {budget:g} s "

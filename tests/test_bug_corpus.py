@@ -35,8 +35,11 @@ def _load_grader():
 
 grade = _load_grader()
 BUGS = grade.load_corpus()
-CASES = [pytest.param(b, id=b.id, marks=[pytest.mark.xfail(strict=True, reason=f"known gap: {b.known_gap}")]
-                      if b.known_gap else []) for b in BUGS]
+# Bugs whose scenario costs more than make test's budget holds (issue 30's tree and MTP bugs): make test-costly.
+COSTLY = ("tree-expand-step-host", "mtp-layer-select-host-index")
+CASES = [pytest.param(b, id=b.id, marks=([pytest.mark.xfail(strict=True, reason=f"known gap: {b.known_gap}")]
+                                         if b.known_gap else []) + ([pytest.mark.costly] if b.id in COSTLY else []))
+         for b in BUGS]
 
 
 def test_corpus_has_the_promised_shape():
@@ -74,6 +77,10 @@ def test_grading_rules():
     assert grade.grade_graph(bug, _summary({"full": "pass", "piecewise": "pass"}, {}))[0] == "MISSED"
     both = _summary({"full": "drift", "piecewise": "drift"}, {"full": right, "piecewise": right})
     assert grade.grade_graph(bug, both)[0] == "FALSE ALARM"
+    from tests.bugs.report import totals
+
+    errors = [{"class": "graph", "grade": "ERROR", "known_gap": gap} for gap in (None, "exits 3")]
+    assert totals(errors)["failures"] == 1, "a known gap's grade is reported, not fatal"
 
 
 def test_second_engine_grading_rules():

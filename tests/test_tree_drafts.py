@@ -106,7 +106,6 @@ def test_accept_greedy_is_the_longest_accepted_path(seed):
     (dict(topk=1, num_draft_tokens=2), "num_draft_tokens"),
     (dict(topk=9), "topk"),
     (dict(topk=2, num_draft_tokens=7, num_speculative_tokens=2), "num_draft_tokens"),
-    (dict(topk=2, num_draft_tokens=3, temperature=1.0), "topk"),
     (dict(topk=8, num_draft_tokens=8, num_speculative_tokens=8), "topk"),
 ])
 def test_tree_settings_refused_with_one_line(settings, key):

@@ -4,6 +4,10 @@ A draft is one proposal of K tokens for one request in one step. Position i's
 acceptance rate is the fraction of drafts whose first i+1 tokens were all
 accepted (`vllm:spec_decode_num_accepted_tokens_per_pos` / num_drafts). Mean
 acceptance length is 1 + accepted / drafts, the bonus token included.
+
+A tree draft (docs/tree.md) may keep no node at some depth in any of its
+drafts: `nodes_per_position` counts the drafts that had a node there, and a
+position with none has no rate (None), not a rate of 0: nothing was rejected.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pandas as pd
 class Acceptance:
     num_drafts: int
     accepted_per_position: tuple[int, ...]    # counts
+    nodes_per_position: tuple[int, ...] | None = None    # drafts with a node there; None: every draft had one
 
     @property
     def k(self) -> int:
@@ -28,6 +33,15 @@ class Acceptance:
         if not self.num_drafts:
             return tuple(0.0 for _ in self.accepted_per_position)
         return tuple(c / self.num_drafts for c in self.accepted_per_position)
+
+    def has_node(self, position: int) -> bool:
+        """False for a position no draft had a node at (its rate is no rate); True without node counts."""
+        return self.nodes_per_position is None or self.nodes_per_position[position] > 0
+
+    @property
+    def shown_rates(self) -> list[float | None]:
+        """The rates a summary shows: None where no draft had a node."""
+        return [r if self.has_node(i) else None for i, r in enumerate(self.rates)]
 
     @property
     def num_accepted(self) -> int:
@@ -42,7 +56,8 @@ def acceptance(drafts: pd.DataFrame, k: int) -> Acceptance:
     """Per-position acceptance counts from the draft records of one run."""
     per_draft = drafts.drop_duplicates(["step", "req_id"])
     counts = [int((per_draft["num_accepted"] > i).sum()) for i in range(k)]
-    return Acceptance(len(per_draft), tuple(counts))
+    nodes = drafts.drop_duplicates(["step", "req_id", "draft_index"])["draft_index"]
+    return Acceptance(len(per_draft), tuple(counts), tuple(int((nodes == i).sum()) for i in range(k)))
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:

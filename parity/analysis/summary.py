@@ -63,8 +63,11 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
     return {
         "num_drafts": acc.num_drafts,
         "accepted_per_position": list(acc.accepted_per_position),
-        "acceptance_per_position": [round(r, 6) for r in acc.rates],
-        "acceptance_ci95": [[round(lo, 6), round(hi, 6)] for lo, hi in cmp.intervals],
+        # null where no draft had a node (a tree's depth it never reached): no rate, not a rate of 0
+        "acceptance_per_position": _rounded(acc.shown_rates),
+        "nodes_per_position": list(acc.nodes_per_position) if acc.nodes_per_position is not None else None,
+        "acceptance_ci95": [[round(lo, 6), round(hi, 6)] if acc.has_node(i) else None
+                            for i, (lo, hi) in enumerate(cmp.intervals)],
         "mean_acceptance_length": round(acc.mean_acceptance_length, 6),
         "tokens_equal_to_eager": cmp.tokens_equal_to_eager,
         "max_abs_logprob_diff": cmp.max_abs_logprob_diff,
@@ -93,13 +96,17 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
     }
 
 
+def _rounded(rates: list) -> list:
+    return [None if r is None else round(r, 6) for r in rates]
+
+
 def reference_summary(cmp: ModeComparison) -> dict | None:
     """The verdict's evidence: bitwise parity with the padded reference, its acceptance, padding checks."""
     if cmp.reference is None:
         return None
     acc = cmp.reference_acceptance
     return {**cmp.reference.as_dict(),
-            "acceptance_per_position": [round(r, 6) for r in acc.rates],
+            "acceptance_per_position": _rounded(acc.shown_rates),
             "mean_acceptance_length": round(acc.mean_acceptance_length, 6),
             "padding": cmp.padding,
             "padding_contract": cmp.padding_contract}

@@ -97,7 +97,8 @@ def check_summary(summary, path: Path) -> None:
         raise ParityInputError(f"{path}: 'k' must be an integer in 1..{MAX_K}, got {str(k)[:20]}")
     for mode, m in summary["modes"].items():
         rates = m.get("acceptance_per_position") if isinstance(m, dict) else None
-        numbers = isinstance(rates, list) and all(isinstance(r, (int, float)) and not isinstance(r, bool)
+        # null: no draft had a node at that position (a tree's depth it never reached)
+        numbers = isinstance(rates, list) and all(r is None or isinstance(r, (int, float)) and not isinstance(r, bool)
                                                   for r in rates)
         if not isinstance(m, dict) or m.get("verdict") not in VERDICTS:
             raise ParityInputError(f"{path}: mode {mode[:40]!r}: 'verdict' must be one of {', '.join(VERDICTS)}, "

@@ -63,8 +63,6 @@ class EngineSettings:
         if self.max_model_len < k + 3:
             raise SettingError("max_model_len", f"max_model_len {self.max_model_len} is too small for K={k}")
         _check_tree(k, self.topk, self.num_draft_tokens)
-        if self.tree and self.temperature > 0:
-            raise SettingError("topk", "tree drafts (topk > 1) verify greedily: temperature must be 0")
         if self.tree and self.sliding_window:
             raise SettingError("topk", "tree drafts (topk > 1) do not run with a sliding window")
         width = self.tree_width

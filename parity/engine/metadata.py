@@ -208,6 +208,10 @@ class MetadataBuilder:
 
     # --- between draft decode steps ---------------------------------------------------------
 
+    def frontier_live(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        """The tree frontier rows to advance between draft steps: the live ones (a padded row's seq_lens is 0)."""
+        return seq_lens > 0
+
     def advance_draft_step(self, meta: AttentionMetadata, num_reqs_padded: int) -> None:
         """Move every live row one position on (one token per row), in place, on the device.
 
@@ -216,7 +220,7 @@ class MetadataBuilder:
         rebuilt. Padded rows (seq_lens 0) stay inert. A tree's frontier: `tree_drafter.advance`.
         """
         if meta.tree_bits is not None:
-            return tree_drafter.advance(self.buffers, meta, self.block_size, self.max_model_len)
+            return tree_drafter.advance(self.buffers, meta, self.block_size, self.max_model_len, self.frontier_live)
         n = num_reqs_padded
         positions = meta.positions[:n]
         seq_lens = meta.seq_lens[:n]

@@ -95,13 +95,15 @@ def expand(b: InputBuffers, k: int, n: int, logits: torch.Tensor, node_hidden: t
                                       .flatten(0, 1))
 
 
-def advance(b: InputBuffers, meta, block_size: int, max_model_len: int) -> None:
-    """Between tree draft steps: the next frontier's positions, sequence indices, slots and visible nodes."""
+def advance(b: InputBuffers, meta, block_size: int, max_model_len: int, live_of=None) -> None:
+    """Between tree draft steps: the next frontier's positions, sequence indices, slots and visible nodes.
+
+    `live_of(seq_lens)`: the rows to advance (default: seq_lens > 0; a padded row stays inert)."""
     k = b["frontier_bits"].shape[1]
     n = frontier_rows(meta.positions.shape[0], meta.seq_lens.shape[0], k)
     t = n * k
     seq_lens = meta.seq_lens[:n]
-    live_rows = seq_lens > 0
+    live_rows = seq_lens > 0 if live_of is None else live_of(seq_lens)
     live = live_rows.repeat_interleave(k)
     positions = meta.positions[:t]
     positions.copy_(torch.where(live, (positions + 1).clamp(max=max_model_len - 1), 0))

@@ -4,7 +4,7 @@ A decoding request's verify query is its last token (the root) then its tree's
 nodes, parents first (`tree.DraftTree`); node i's key goes to the sequence index
 after the root's plus i, its rotary position is the root's plus its depth
 (`tree_metadata`). After the forward, on the host: the longest accepted path
-(`tree.accept_greedy`), the tokens it emits (its nodes, then the target's token
+(`tree.accept_greedy`; sampled, `tree_sampling.accept_sampled`), the tokens it emits (its nodes, then the target's token
 after its last node), the KV of its nodes moved to the positions they now hold
 (node at depth d to the root's index + d; the rest of the tree is left to be
 overwritten, as a chain's rejected drafts are), and the verify rows of the
@@ -20,6 +20,7 @@ from parity.engine.metadata import RowPlan
 from parity.engine.records import StepEntries
 from parity.engine.tree import DraftTree, accept_greedy, best_path
 from parity.engine.tree_metadata import RowTree, ancestor_bits
+from parity.engine.tree_sampling import accept_sampled
 
 
 def verify_tree(tree: DraftTree, first_position: int) -> RowTree:
@@ -34,10 +35,15 @@ def emit(rows, plans, starts, logits: torch.Tensor, config) -> tuple[list, list[
     for i, row in enumerate(rows):
         if row.is_prefill:
             continue
-        argmax = logits[starts[i]:starts[i + 1]].argmax(-1).tolist()
-        path = accept_greedy(row.request.draft_tree, argmax)
         tree = row.request.draft_tree
-        out[i] = ([tree.tokens[p] for p in path] + [argmax[1 + path[-1] if path else 0]], len(path))
+        if config.temperature > 0:
+            path, last = accept_sampled(tree, logits[starts[i]:starts[i + 1]], config.temperature, config.seed,
+                                        plans[i].req_id, len(row.request.tokens))
+        else:
+            argmax = logits[starts[i]:starts[i + 1]].argmax(-1).tolist()
+            path = accept_greedy(tree, argmax)
+            last = argmax[1 + path[-1] if path else 0]
+        out[i] = ([tree.tokens[p] for p in path] + [last], len(path))
         paths[i] = path
     return out, paths
 

@@ -140,6 +140,14 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "issue 30", "eagle-tree", FULL_MODES,
           "tree drafts: the builder writes each batch's tree mask into a fresh tensor; a FULL graph keeps reading "
           "the mask it was captured with"),
+    Fault("tree-padding-attends-live", PADDING_LEAK, ("slot_mapping",),
+          "MetadataBuilder.frontier_live (tree draft steps)", "SGLang #18647", "eagle-tree", GRAPH_MODES,
+          "tree drafts: between draft steps padded frontier rows are advanced like live ones: they attend to the "
+          "keys their stale block-table row names and write their own there, into a live request's KV"),
+    Fault("tree-buffer-without-topk", SHORT_BUFFER, ("tree_seq", "tree_base", "tree_bits"),
+          "EagleProposer.__init__ (tree buffer sizes)", "SGLang #27460", "eagle-tree-wide", FULL_MODES,
+          "tree drafts: the drafter's tree metadata is sized for max_num_batched_tokens, without the draft "
+          "step's topk factor: a FULL graph of max_num_seqs rows of topk nodes slices past its end"),
 ]}
 
 

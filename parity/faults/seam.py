@@ -54,6 +54,8 @@ MUTATIONS: dict[str, Mutation] = {
     "mtp-layer-index-frozen": Mutation(("proposer",), m.MtpLayerIndexFrozen),
     "mtp-padded-rows-not-skipped": Mutation(("proposer",), m.MtpPaddedRowsNotSkipped),
     "tree-mask-rebuilt": Mutation(BUILDERS, t.TreeMaskRebuilt),
+    "tree-padding-attends-live": Mutation(("drafter_builder",), t.TreePaddingAttendsLive),
+    "tree-buffer-without-topk": Mutation(("proposer",), t.TreeBuffersWithoutTopk),
 }
 
 

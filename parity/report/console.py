@@ -7,7 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from parity.report.modes import SHORT, refused
+from parity.report.modes import NO_NODE, SHORT, no_node, refused
 from parity.report.threeway import (flips_cell, logprob_cell, numerics_lines, reference_cell, unpadded_lines,
                                     verdict_words)
 
@@ -40,7 +40,9 @@ def acceptance_table(summary: dict) -> Table:
             rate = m["acceptance_per_position"][i]
             if refused(m):
                 cells.append(Text(refused(m), style="bold red"))
-            elif name == "eager" or ref is None:
+            elif no_node(m, i):
+                cells.append(Text(NO_NODE, style="dim"))
+            elif name == "eager" or ref is None or no_node(ref, i):
                 cells.append(Text(f"{rate:.3f}"))
             else:
                 delta = rate - ref["acceptance_per_position"][i]

@@ -11,7 +11,7 @@ from pathlib import Path
 from parity.diagnosis.kinds import MEANING, NAMED, UNEXPLAINED
 from parity.diagnosis.panel import describe_where
 from parity.report.atomic import write_text
-from parity.report.modes import refused
+from parity.report.modes import NO_NODE, refused
 from parity.report.threeway import flips_cell, logprob_cell, numerics_lines, reference_cell, unpadded_lines
 
 TITLE = {"pass": "PASS", "drift": "DRIFT", "not_exercised": "NOT EXERCISED"}
@@ -59,9 +59,11 @@ def acceptance_table(summary: dict) -> list[str]:
     lines = ["| position | " + " | ".join(cell(n) for n in names) + " |",
              "|---:|" + "---:|" * len(names)]
 
-    def with_delta(name: str, value: float, ref_value: float | None, drift: bool, digits: int = 3) -> str:
+    def with_delta(name: str, value: float | None, ref_value: float | None, drift: bool, digits: int = 3) -> str:
         if refused(modes[name]):
             return f"**{refused(modes[name])}**"     # refused before it ran, or stopped before a wrong graph
+        if value is None:
+            return NO_NODE                           # no draft had a node there: no rate, not a rate of 0
         text = f"{value:.{digits}f}"
         if ref_value is not None and name != "eager":
             text += f" ({value - ref_value:+.{digits}f})"

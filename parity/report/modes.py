@@ -26,3 +26,12 @@ def refused(m: dict) -> str:
     if m.get("short_buffers") or m.get("capture_error"):
         return "not run"
     return "stopped" if m.get("wrong_graph") else ""
+
+
+NO_NODE = "—, no node"
+
+
+def no_node(m: dict, position: int) -> bool:
+    """True where no draft of the mode had a node at `position` (a tree's depth it never reached): the
+    summary gives no rate there (null), and a renderer says so instead of showing a rate of 0."""
+    return m["acceptance_per_position"][position] is None

@@ -27,9 +27,10 @@ def _figure(summary: dict):
     for j, (name, m) in enumerate(modes.items()):
         if refused(m):      # refused before it ran: nothing to plot
             continue
-        xs = [i - 0.4 + width * (j + 0.5) for i in range(k)]
-        rates = m["acceptance_per_position"]
-        ci = m.get("acceptance_ci95") or [[r, r] for r in rates]
+        shown = [i for i in range(k) if m["acceptance_per_position"][i] is not None]   # no node there: no dot
+        xs = [i - 0.4 + width * (j + 0.5) for i in shown]
+        rates = [m["acceptance_per_position"][i] for i in shown]
+        ci = [m["acceptance_ci95"][i] for i in shown] if m.get("acceptance_ci95") else [[r, r] for r in rates]
         yerr = [[max(0.0, r - lo) for r, (lo, _) in zip(rates, ci)],
                 [max(0.0, hi - r) for r, (_, hi) in zip(rates, ci)]]
         label = f"{name} ({m['num_drafts']} drafts, len {m['mean_acceptance_length']:.2f})"

@@ -45,6 +45,7 @@ class Bug:
     patch: Path = Path()
     engine: str = "harness"           # harness: `parity run` on eagle-parity's engine; second: tests/second_engine
     known_gap: str | None = None      # what the tool says today of a bug it does not get right
+    head: str = ""                    # a synth pair's head ("mtp-deepseek --mtp-layers 3"); "": the embedded pair
 
     @property
     def expected(self) -> str:
@@ -108,7 +109,7 @@ def load_bug(meta_path: Path) -> Bug:
     return Bug(meta["id"], meta["class"], meta["description"], meta["site"], meta.get("scenario", ""), modes,
                clean, str(meta.get("seed", "")), expect.get("kind"), list(expect.get("buffers") or []),
                list(expect.get("may_also_name") or []), list(meta.get("backends") or ["emulated", "cuda"]), patch,
-               engine, meta.get("known_gap"))
+               engine, meta.get("known_gap"), str(meta.get("head") or ""))
 
 
 def load_corpus(corpus: Path = CORPUS) -> list[Bug]:

@@ -24,7 +24,7 @@ then read DIR/summary.json and grade:
 A bug with `engine: second` patches tests/second_engine/ instead and is graded on
 what parity.audit says of the engine's audited workload (tests/bugs/second.py).
 
-Exit status: 1 on MISSED, FALSE ALARM, NO-APPLY or ERROR; WRONG is reported, not fatal.
+Exit status: 1 on MISSED, FALSE ALARM, NO-APPLY or ERROR (unless the bug is a known_gap); WRONG is reported, not fatal.
 
     python -m tests.bugs.grade [--backend emulated|cuda] [--jobs 2] [--only ID ...] [--engine E] [--json FILE]
 """
@@ -112,9 +112,24 @@ def import_patched(work: Path):
     return run
 
 
+PAIRS: dict[str, tuple[Path, Path]] = {}    # a bug's `head` -> its tiny synth pair, built once by the grader
+
+
+def build_pairs(bugs: list[Bug]) -> None:
+    """The synth pairs the bugs' heads need, built by the unpatched tree before any bug runs (a patch to
+    parity/models/ must not change the weights it is graded on)."""
+    from parity.commands.matrix import tiny_pair
+
+    for head in {b.head for b in bugs if b.head} - set(PAIRS):
+        PAIRS[head] = tiny_pair(head, Path(tempfile.mkdtemp(prefix="bug-pair-")) / "pair")
+
+
 def run_args(bug: Bug, backend: str, out: Path, modes: list[str], bisect: bool = True) -> list[str]:
     args = ["run", "--scenario", f"scenarios/{bug.scenario}.yaml", "--modes", ",".join(["eager", *modes]),
             "--backend", backend, "--out", str(out), "--quiet"]
+    if bug.head:
+        target, draft = PAIRS[bug.head]
+        args += ["--model", "local", "--target-path", str(target), "--draft-path", str(draft)]
     return args if bisect else args + ["--no-bisect"]
 
 
@@ -200,6 +215,7 @@ def grade_bugs(bugs: list[Bug], tree: Path, backend: str, jobs: int = 2, timeout
     (torch already imported), on CUDA, or once this process has initialised CUDA (neither survives a fork),
     through fresh interpreters."""
     import parity.cli  # noqa: F401 - torch, transformers and the rest imported once, before the forks
+    build_pairs(bugs)
     from parity.harness.forked import ForkedError, fork_map, forkable
 
     if backend != "emulated" or not forkable():

@@ -11,7 +11,9 @@ def totals(results: list[dict]) -> dict:
     counts = {g: sum(r["grade"] == g for r in results) for g in SEVERITY}
     named = sum(r["grade"] == NAMED for r in graph)
     return {"graph_bugs": len(graph), "named": named, "named_pct": round(100 * named / len(graph), 1) if graph else 0.0,
-            "counts": {g: n for g, n in counts.items() if n}, "failures": sum(counts[g] for g in FATAL)}
+            "counts": {g: n for g, n in counts.items() if n},
+            # a known gap is reported as graded, not fatal: its strict xfail in tests/test_bug_corpus.py keeps it honest
+            "failures": sum(r["grade"] in FATAL and not r.get("known_gap") for r in results)}
 
 
 def render(results: list[dict], summary: dict, backend: str, elapsed: float) -> None:
