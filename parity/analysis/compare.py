@@ -155,9 +155,16 @@ def describe_leak(leak: dict) -> str:
     return f"{where}: live {', '.join(leak['outputs'][:4])} change with the padding ({what})"
 
 
+def describe_crash(crash: dict) -> str:
+    """One line for a graph mode whose engine raised (`harness.crashes`): the step, the engine line, the error."""
+    return (f"stopped at step {crash['step']}: the engine raised at {crash['source']} ({crash['function']}: "
+            f"{crash['code']}): {crash['error']}")
+
+
 def refused_comparison(mode: str, eager, k: int, run) -> ModeComparison:
-    """A mode refused before it ran (the capacity audit, a capture that stopped at an op no graph can capture)
-    or stopped before a batch replayed a graph captured for another key: no records, and a graph bug (drift)."""
+    """A mode refused before it ran (the capacity audit, a capture that stopped at an op no graph can capture),
+    stopped before a batch replayed a graph captured for another key, or stopped where its engine raised while
+    eager's did not: no records, and a graph bug (drift)."""
     acc = acceptance(eager.drafts.iloc[0:0], k)
     cmp = ModeComparison(mode, acc, [(0.0, 0.0)] * k, False, [], 0.0, 0.0, None, [False] * k, verdict="drift")
     cmp.reasons = [f"not run: a padded batch does not fit a persistent buffer: {s['message']}"
@@ -171,6 +178,9 @@ def refused_comparison(mode: str, eager, k: int, run) -> ModeComparison:
         cmp.reasons.append(f"stopped at step {wrong['step']}: a batch that asked for the {wrong['wanted']['graph']} "
                            f"was about to replay the {wrong['replayed']['graph']} (differing in "
                            f"{', '.join(wrong['differs'])})")
+    crash = getattr(run, "crashed", None)
+    if crash:
+        cmp.reasons.append(describe_crash(crash))
     return cmp
 
 

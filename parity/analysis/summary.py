@@ -89,6 +89,8 @@ def mode_summary(cmp: ModeComparison, run) -> dict:
         "capture_error": getattr(run, "capture_error", None),
         # The run stopped before a batch replayed a graph captured for another key than its own (both keys).
         "wrong_graph": getattr(run, "wrong_graph", None),
+        # The engine raised in this graph mode (eager did not): the step, the exception and the engine's line.
+        "crashed": getattr(run, "crashed", None),
         "capture": run.capture,
         "graph_replays": run.graph_replays,
         "reference": reference_summary(cmp),

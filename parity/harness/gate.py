@@ -18,7 +18,7 @@ from pathlib import Path
 
 from parity.analysis.baseline import (baseline_records, build_baseline, check_model, check_scenario,
                                       load_baseline)
-from parity.analysis.compare import compare_runs
+from parity.analysis.compare import compare_runs, describe_crash
 from parity.analysis.gate import GateCheck, GateResult, Pairing, evaluate_gate
 from parity.analysis.sources import from_acceptance
 from parity.analysis.summary import build_summary
@@ -204,7 +204,7 @@ def engine_pairings(runs, comparisons: dict, baseline: dict | None = None,
 def run_checks(runs: dict) -> list[GateCheck]:
     """Failing checks of the runs themselves: one per buffer of a mode the capacity audit refused, one for a
     capture that stopped at an op no graph can capture (nothing of those modes ran), one for a run stopped before
-    a batch replayed a graph captured for another key than its own."""
+    a batch replayed a graph captured for another key than its own, one for a graph mode whose engine raised."""
     checks = [GateCheck(mode, "capacity audit", f"{s['owner']}.{s['buffer']} capacity", "capacity", False,
                         s["message"], method="exact", numbers={"capacity": s["capacity"], "needed": s["needed"]})
               for mode, run in runs.items() for s in run.short_buffers or ()]
@@ -215,6 +215,9 @@ def run_checks(runs: dict) -> list[GateCheck]:
                          f"stopped at step {w['step']}: the lookup found the {w['replayed']['graph']}",
                          method="exact")
                for mode, run in runs.items() for w in [run.wrong_graph] if w]
+    checks += [GateCheck(mode, "engine", f"the engine's run at step {c['step']}", "engine", False, describe_crash(c),
+                         method="exact")
+               for mode, run in runs.items() for c in [getattr(run, "crashed", None)] if c]
     return checks
 
 

@@ -33,6 +33,7 @@ from parity.graphs.descriptor import WrongGraph
 from parity.graphs.factory import install_graphs, install_padded_reference, uninstall
 from parity.graphs.modes import EAGER, padding_signature
 from parity.graphs.policy import CapturePolicy
+from parity.harness.crashes import engine_crash
 from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.scenario import Scenario
 
@@ -40,8 +41,9 @@ from parity.harness.scenario import Scenario
 @dataclass
 class ModeRun:
     mode: str
-    result: RunResult | None       # None: refused before it ran (`short_buffers`, `capture_error`) or stopped
-                                   # before a wrong graph replayed (`wrong_graph`)
+    result: RunResult | None       # None: refused before it ran (`short_buffers`, `capture_error`), stopped
+                                   # before a wrong graph replayed (`wrong_graph`) or when the engine raised
+                                   # (`crashed`)
     backend: str
     capture: dict = field(default_factory=dict)   # graph capture summary (sizes, manifest)
     graph_replays: int | None = None              # graph replays really run (None: no graphs installed)
@@ -52,6 +54,7 @@ class ModeRun:
     # The run stopped where a batch was about to replay a graph captured for another owner, phase, runtime mode
     # or descriptor than its own: both keys, what differs, and the step.
     wrong_graph: dict | None = None
+    crashed: dict | None = None        # the engine raised in this graph mode, eager did not (`harness.crashes`)
     padding_probe: dict | None = None  # a reference's check of the padding contract (`engine.padding_probe`)
 
 
@@ -170,6 +173,11 @@ def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: Engin
                 except WrongGraph as wrong:
                     # Stopped before the graph of another key ran: a graph bug of this mode, found at replay.
                     return ModeRun(name, None, backend, capture, wrong_graph={**wrong.as_dict(), "step": engine.step})
+                except Exception as error:
+                    crash = engine_crash(error, engine.step) if name != EAGER and backend != "reference" else None
+                    if crash is None:
+                        raise
+                    return ModeRun(name, None, backend, capture, crashed=crash)
             replays = [o.executor.replays for o in engine.owners() if hasattr(o.executor, "replays")]
             return ModeRun(name, result, backend, capture, sum(replays) if replays else None)
         finally:

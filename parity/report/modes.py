@@ -22,10 +22,10 @@ COLORS = {mode: color for mode, (_, color) in LOOK.items()}
 def refused(m: dict) -> str:
     """'not run' for a mode refused before it ran (the capacity audit's short buffers, a capture that stopped at
     an op no graph can capture), 'stopped' for one stopped before a batch replayed a graph captured for another
-    key, else '': either has no acceptance to show."""
+    key or where its engine raised, else '': either has no acceptance to show."""
     if m.get("short_buffers") or m.get("capture_error"):
         return "not run"
-    return "stopped" if m.get("wrong_graph") else ""
+    return "stopped" if m.get("wrong_graph") or m.get("crashed") else ""
 
 
 NO_NODE = "—, no node"
