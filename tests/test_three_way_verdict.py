@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import types
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -22,7 +23,6 @@ from conftest import engine_config, make_specs
 from parity.analysis.draft_parity import draft_parity
 from parity.analysis.numerics import numerics
 from parity.analysis.reference_parity import reference_parity
-from parity.cli import main
 from parity.engine.parts import EngineParts
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.faults.seam import apply
@@ -30,21 +30,33 @@ from parity.harness.modes import yardstick
 from parity.harness.request import RunRequest
 from parity.harness.session import run_session
 from parity.harness.simulated_numerics import simulate_padding_numerics
+from parity.graphs.modes import MODES
+from tests.robustkit import call, run_args
 
 # NOTE: the module fixture is the expensive part: one xdist worker runs it once.
 pytestmark = pytest.mark.xdist_group("three_way_verdict")
+ROOT = Path(__file__).resolve().parent.parent
 
 SCALE = 0.1
 
 
 @pytest.fixture(scope="module")
-def simulated():
-    parts = simulate_padding_numerics(EngineParts(), SCALE)
-    return run_session(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", None, "emulated", parts=parts))
+def simulated(tmp_path_factory):
+    """The clean engine on the default scenario in every mode under the seam, through `parity run` itself: its
+    exit code and the summary it saved (the one run of it in the suite; the mutation matrix's seam cells lean
+    on it)."""
+    out = tmp_path_factory.mktemp("seamed") / "run"
+    code, text, _ = call(run_args(ROOT / "scenarios" / "default.yaml", "--simulate-padding-numerics", str(SCALE),
+                                  "--out", str(out), modes=",".join(MODES)))
+    return types.SimpleNamespace(code=code, text=text, out=out,
+                                 summary=json.loads((out / "summary.json").read_text()))
 
 
 def test_clean_engine_passes_every_mode_while_numerics_are_reported(simulated):
+    """Also: under the seam every padded reference parts from eager (the NUMERICS the verdict must not be fooled
+    by) while every graph mode passes against its reference, and `parity run` exits 0."""
     summary = simulated.summary
+    assert simulated.code == 0
     assert summary["verdict"] == "pass", [m["reasons"] for m in summary["modes"].values()]
     graph_modes = [m for m in summary["modes"] if m != "eager"]
     assert len(graph_modes) == 4
@@ -105,20 +117,16 @@ def test_padding_that_is_not_inert_is_a_drift_even_when_graph_and_reference_agre
     assert any("padding is not inert" in r for r in full["reasons"])
 
 
-def test_cli_summary_and_console_show_the_three_way_verdict(tmp_path, capsys):
-    out = tmp_path / "run"
-    code = main(["run", "--modes", "eager,full", "--backend", "emulated", "--out", str(out), "--quiet",
-                 "--simulate-padding-numerics", str(SCALE)])
-    assert code == 0
-    text = capsys.readouterr().out
+def test_cli_summary_and_console_show_the_three_way_verdict(simulated):
+    assert simulated.code == 0
+    text = simulated.text
     assert "NUMERICS: padded reference vs eager (judged by a fixed bound)" in text
     assert "ref=" in text and "bitwise" in text
-    summary = json.loads((out / "summary.json").read_text())
-    full = summary["modes"]["full"]
+    full = json.loads((simulated.out / "summary.json").read_text())["modes"]["full"]
     assert {"bitwise_equal", "first_difference", "name"} <= set(full["reference"])
     assert {"max_abs_logprob_diff", "draft_flips", "near_ties", "token_flips"} <= set(full["numerics"])
-    records = pd.read_parquet(out / "records.parquet")
-    assert set(records["mode"]) == {"eager", "full", "ref:full"}
+    records = pd.read_parquet(simulated.out / "records.parquet")
+    assert set(records["mode"]) == {*MODES, "ref:piecewise", "ref:full", "ref:full_decode_only"}
 
 
 # --- the comparisons themselves ------------------------------------------------------------------

@@ -27,10 +27,10 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from parity.errors import CaptureSyncError
-from parity.graphs.touched import Touched
+from parity.graphs.touched import Touched, is_node, read_of, schema_facts, tensors_in
 from parity.graphs.emulated_pool import EmulatedPool
 
 aten = torch.ops.aten
@@ -83,24 +83,34 @@ def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def _classify(func, args, kwargs, out) -> int:
-    schema = func._schema
+def _classify(func, inputs: set[int], out) -> int:
+    """VIEW, MUTATING or FUNCTIONAL; `inputs`: the storages of the op's non-empty argument tensors."""
     if func in _METADATA_INPLACE:
         return VIEW
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+    facts = schema_facts(func)
+    if facts.writes:
         return MUTATING
-    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    outs = tensors_in(out)
     if not outs:
         return VIEW
-    inputs = {_storage_ptr(t) for t in tree_flatten((args, kwargs))[0]
-              if isinstance(t, torch.Tensor) and t.numel()}
     if any(t.numel() and _storage_ptr(t) in inputs for t in outs):
         return VIEW   # e.g. aten._unsafe_view: an alias despite its schema
-    if any(r.alias_info is not None for r in schema.returns) and not any(t.numel() for t in outs):
+    if facts.returns_alias and not any(t.numel() for t in outs):
         return VIEW
     # NOTE: an aliasing schema with fresh memory is a composite that copied: under inference_mode
     # aten.to.dtype, contiguous and reshape reach the recorder undecomposed; they are computations.
     return FUNCTIONAL
+
+
+def _freeze_all(tree):
+    """`tree` with every tensor frozen (`_freeze`), plain lists, tuples and dicts rebuilt, as tree_map does."""
+    if isinstance(tree, torch.Tensor):
+        return _freeze(tree)
+    if type(tree) is list or type(tree) is tuple:
+        return type(tree)(_freeze_all(item) for item in tree)
+    if type(tree) is dict:
+        return {key: _freeze_all(item) for key, item in tree.items()}
+    return tree_map(_freeze, tree) if is_node(tree) else tree
 
 
 class _HostReads(TorchFunctionMode):
@@ -131,25 +141,24 @@ class _Recorder(TorchDispatchMode):
                 raise CaptureSyncError("boolean-mask indexing (a data-dependent shape) needs a host sync and "
                                        "cannot be captured in a graph")
         out = func(*args, **kwargs)
-        self.touched.add(func, args, kwargs)
-        kind = _classify(func, args, kwargs, out)
+        read = read_of(args, kwargs)
+        self.touched.add(func, args, kwargs, read)
+        kind = _classify(func, read, out)
         if kind == VIEW:
             if self.pool is not None:
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor):
-                        self.pool.track(t)
+                for t in tensors_in(out):
+                    self.pool.track(t)
             return out
         if kind == FUNCTIONAL and self.pool is not None:
             # Every fresh output goes to the pool, as on CUDA: strided ones
             # (elementwise ops keep a transposed input's layout) and each
             # tensor of a multi-output op alike.
             out = tree_map(self._place, out)
-        frozen_args, frozen_kwargs = tree_map(_freeze, args), tree_map(_freeze, kwargs)
+        frozen_args, frozen_kwargs = _freeze_all(args), _freeze_all(kwargs)
         if kind == MUTATING:
             self.ops.append((func, frozen_args, frozen_kwargs, None))
             return out
-        fresh = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        frozen_outs = [_freeze(t) for t in fresh]
+        frozen_outs = [_freeze(t) for t in tensors_in(out)]
         if func not in _NO_VALUE_FACTORIES:
             self.ops.append((func, frozen_args, frozen_kwargs, frozen_outs))
         return out
@@ -175,7 +184,7 @@ class EmulatedSegment:
             result = func(*args, **kwargs)
             if outs is None:
                 continue
-            for dst, src in zip(outs, (t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor))):
+            for dst, src in zip(outs, tensors_in(result)):
                 dst.copy_(src)
 
     @property
