@@ -17,12 +17,13 @@ OUT      ?=
 TORCH_CPU_VERSION ?= 2.13.0
 FUZZ_SECONDS ?= 300
 
-.PHONY: parity smoke test test-gpu bench gate models bugs clean help fuzz
+.PHONY: parity smoke test test-concurrent test-gpu bench gate models bugs clean help fuzz
 
 help:
 	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=the model's own] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
 	@echo "make smoke       seconds: imports, a tiny scenario in every mode, one fault named"
 	@echo "make test        CPU test suite (what CI runs), TEST_WORKERS=$(TEST_WORKERS) xdist workers"
+	@echo "make test-concurrent  concurrent runs equal sequential ones bit for bit (CPU, about a minute)"
 	@echo "make test-gpu    tests marked gpu (needs CUDA)"
 	@echo "make bench       side-by-side latency ratios"
 	@echo "make models      rebuild the embedded tiny pair under parity/assets/"
@@ -49,7 +50,11 @@ smoke: $(STAMP)
 # an xdist_group mark and stay in one worker. Each test has a budget (tests/budget.py); the 15 slowest print.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not gpu" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(PY) -m pytest -m "not gpu and not concurrent" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
+
+# Concurrent runs equal sequential ones bit for bit on the CPU (spawned workers; ~1 min of CPU, so not in make test).
+test-concurrent: $(STAMP)
+	PARITY_TEST_BUDGET_S=300 $(PY) -m pytest -m "concurrent and not gpu" tests
 
 # With pytest-xdist the GPU tests spread over GPU_WORKERS processes sharing the one GPU (tests that share
 # an expensive fixture stay together: --dist loadgroup).
