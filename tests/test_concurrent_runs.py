@@ -69,6 +69,24 @@ def assert_same_runs(one, other) -> None:
         json.dumps(strip(other.summary), sort_keys=True, default=str)
 
 
+def tensors_in(value, seen=None) -> int:
+    """Tensors reachable in a run that came back from a worker: none may (on CUDA one would point into the memory
+    of a process that has ended)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return 1
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = vars(value)
+    if isinstance(value, dict):
+        return sum(tensors_in(v, seen) for v in value.values())
+    if isinstance(value, (list, tuple, set)):
+        return sum(tensors_in(v, seen) for v in value)
+    return 0
+
+
 def both_ways(scenario: str, backend: str, **request):
     base = RunRequest("tiny-llama3-eagle", scenario, MODES, backend, bisect=False, **request)
     return (run_session(dataclasses.replace(base, jobs=2)), run_session(dataclasses.replace(base, jobs=1)))
@@ -78,6 +96,7 @@ def both_ways(scenario: str, backend: str, **request):
 def test_five_modes_concurrently_equal_one_after_another_bit_for_bit(tmp_path):
     concurrent, sequential = both_ways(tiny_scenario(tmp_path), "emulated")
     assert_same_runs(concurrent, sequential)
+    assert tensors_in(concurrent.runs.all_runs()) == 0
     said = concurrent.summary["measured"]["concurrency"]
     assert said["concurrent"] and said["jobs"] == 2 and "shared memory" in said["reason"]
     assert sequential.summary["measured"]["concurrency"]["reason"] == "sequential (--jobs 1)"
@@ -155,3 +174,36 @@ def test_jobs_must_be_a_positive_count(capsys):
     assert main(["run", "--jobs", "0"]) == 2
     err = capsys.readouterr().err
     assert "--jobs" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_context_no_worker_can_receive_runs_the_session_here(tmp_path):
+    """A pool that says its workers cannot receive the context (`NotSendable`): every run happens in this process,
+    and the run set says why."""
+    from parity.harness.modes import run_modes
+    from parity.harness.run_context import NotSendable
+    from parity.harness.scenario import load_scenario
+    from parity.models.pair import load_pair
+
+    class Refusing:
+        concurrency = Concurrency(2, 2, "test")
+
+        def run(self, context, progress, on_run):
+            raise NotSendable("the tokenizer cannot be sent to a worker process")
+    scenario = dataclasses.replace(load_scenario(tiny_scenario(tmp_path)), max_tokens=2)
+    runs = run_modes(load_pair("tiny-llama3-eagle"), scenario, ("eager",), "emulated", torch.device("cpu"),
+                     pool=Refusing())
+    assert runs.runs["eager"].result is not None and set(runs.spans) == {"eager"}
+    assert runs.concurrency["reason"] == "sequential: the tokenizer cannot be sent to a worker process"
+
+
+def test_the_line_says_how_the_runs_went():
+    from parity.report.bench import concurrency_line
+
+    spans = {"eager": (1.0, 40.0), "full": (1.0, 20.0), "ref:full": (20.0, 45.0)}
+    block = {"reason": "concurrent: up to 2 runs at once in worker processes sharing the weights through CUDA IPC",
+             "critical_path": critical_path(spans, origin=0.0),
+             "device": {"peak_bytes": 20 * GIB}, "planned_peak_bytes": 22 * GIB}
+    line = concurrency_line(block)
+    assert "bounded by ref:full (critical path full -> ref:full)" in line
+    assert "concurrency 1.89 (83.0 s of runs in 44.0 s)" in line and "vs plan 22.00 GiB" in line
+    assert concurrency_line(None) is None

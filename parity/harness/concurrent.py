@@ -14,11 +14,14 @@ use sampled while the workers ran.
 A run in a worker sees its own allocations only; the weights it maps are
 added to its memory figures, so they compare with the plan and with a run in
 one process. The first failure stops every worker and is raised here, as it
-would have been raised by the same run in this process.
+would have been raised by the same run in this process; a context a worker
+cannot receive (a tokenizer or a part that does not pickle) raises
+NotSendable, and the caller runs the session in this process instead.
 """
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from multiprocessing.connection import wait
@@ -26,7 +29,7 @@ from multiprocessing.connection import wait
 import torch
 
 from parity.harness.concurrency import Concurrency, Job
-from parity.harness.run_context import RunContext
+from parity.harness.run_context import NotSendable, RunContext
 from parity.harness.workers import Worker
 
 MEMORY_FIELDS = ("baseline_bytes", "peak_bytes", "peak_reserved_bytes", "reserved_bytes")
@@ -58,7 +61,11 @@ class RunPool:
         sampler = DeviceSampler(self.device)     # before any worker maps the weights or makes its context
         try:
             for worker in self.workers:
-                worker.send_context(context)
+                try:
+                    worker.send_context(context)
+                except (pickle.PicklingError, TypeError, AttributeError) as error:
+                    raise NotSendable(f"the run context cannot be sent to a worker process "
+                                      f"({type(error).__name__}: {error})") from None
             state = _Schedule(self.concurrency, self.jobs, scenario_requests=context.scenario.num_requests)
             while state.pending or state.running:
                 state.dispatch(self.workers, progress)
@@ -90,8 +97,10 @@ class _Schedule:
         self.peak_planned = 0
 
     def dispatch(self, workers: list[Worker], progress) -> None:
+        if not all(w.ready for w in workers):     # none starts before all can: a worker may yet refuse the context
+            return
         for worker in workers:
-            if not worker.ready or worker.job is not None or not self.pending:
+            if worker.job is not None or not self.pending:
                 continue
             job = self._next()
             if job is None:
@@ -126,6 +135,8 @@ class _Schedule:
                 progress.advance(name, value)
         elif kind == "failed":
             raise value
+        elif kind == "unusable":
+            raise NotSendable(value)
         else:
             self.spans[name] = (self.started[name], time.perf_counter())
             if value.memory is not None and weights:

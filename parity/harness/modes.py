@@ -38,7 +38,7 @@ from parity.graphs.modes import EAGER, padding_signature
 from parity.graphs.policy import CapturePolicy
 from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.scenario import Scenario
-from parity.harness.run_context import RunContext, torch_settings
+from parity.harness.run_context import NotSendable, RunContext, torch_settings
 
 
 @dataclass
@@ -198,13 +198,11 @@ def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: Engi
     """
     runset = RunSet({}, reference_of=reference_names(modes, scenario), yardstick=yardstick(pair, parts))
     if pool is not None and pool.concurrency.concurrent:
-        context = RunContext(pair, scenario, backend, torch.device(device), parts, policy, torch_settings())
-        done = pool.run(context, progress, on_run)
-        runset.runs = {mode: done["runs"][mode] for mode in modes}
-        runset.references = {name: done["runs"][name] for name in dict.fromkeys(runset.reference_of.values())}
-        runset.spans = done["spans"]
-        runset.concurrency = {k: v for k, v in done.items() if k not in ("runs", "spans")}
-        return runset
+        try:
+            return _run_concurrently(runset, pool, pair, scenario, modes, backend, device, parts, policy, progress,
+                                     on_run)
+        except NotSendable as why:
+            runset.concurrency = {"jobs": 1, "concurrent": False, "reason": f"sequential: {why}"}
     with frozen_heap():
         for mode in modes:
             start = time.perf_counter()
@@ -221,6 +219,17 @@ def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: Engi
                 runset.spans[name] = (start, time.perf_counter())
                 if on_run is not None:
                     on_run(runset.references[name])
+    return runset
+
+
+def _run_concurrently(runset: RunSet, pool, pair, scenario: Scenario, modes, backend: str, device, parts, policy,
+                      progress, on_run) -> RunSet:
+    context = RunContext(pair, scenario, backend, torch.device(device), parts, policy, torch_settings())
+    done = pool.run(context, progress, on_run)
+    runset.runs = {mode: done["runs"][mode] for mode in modes}
+    runset.references = {name: done["runs"][name] for name in dict.fromkeys(runset.reference_of.values())}
+    runset.spans = done["spans"]
+    runset.concurrency = {k: v for k, v in done.items() if k not in ("runs", "spans")}
     return runset
 
 

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 import torch
 
 
+class NotSendable(Exception):
+    """The run context could not go to a worker process (the message says what): run in this process instead."""
+
+
 @dataclass
 class RunContext:
     """What every run of a session shares, sent to each worker once."""

@@ -77,7 +77,14 @@ def serve(conn) -> None:
     """A worker's life: the context, `ready`, then one job at a time until None or a closed pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the parent decides what an interrupt stops
     try:
-        context = conn.recv()
+        try:
+            context = conn.recv()
+        except (EOFError, OSError):
+            raise
+        except Exception as error:  # noqa: BLE001 - a context this process cannot rebuild: the parent runs it
+            conn.send(("unusable", None, f"a worker could not receive the run context ({type(error).__name__}: "
+                                         f"{error})"))
+            return
         apply_settings(context.settings)
         if context.device.type == "cuda":
             torch.cuda.set_device(context.device)
