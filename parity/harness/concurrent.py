@@ -50,8 +50,9 @@ class RunPool:
     def close(self) -> None:
         for worker in self.workers:
             worker.ask_to_stop()
+        deadline = time.monotonic() + 2.0       # one wait for all: an idle worker exits at once, a busy one is killed
         for worker in self.workers:
-            worker.stop()
+            worker.stop(max(0.0, deadline - time.monotonic()))
         self.workers = []
 
     def run(self, context: RunContext, progress=None, on_run=None) -> dict:

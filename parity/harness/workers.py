@@ -64,8 +64,9 @@ class Worker:
         except (OSError, ValueError):
             pass
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Join the worker (asked to stop first); past `timeout` it is only tearing its interpreter down: killed."""
+    def stop(self, timeout: float) -> None:
+        """Join the worker (asked to stop first); still alive after `timeout`, it is killed (busy in a run the
+        session no longer wants, or tearing its interpreter down)."""
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
