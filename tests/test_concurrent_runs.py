@@ -11,9 +11,9 @@ tests of the width, the admission and the critical path, in `make test`.
   run's records, outputs, replay counts and padding probe equal, the summary
   equal but for the measured block, and the measured block saying which it was;
   on CUDA the same (`@pytest.mark.gpu`), every worker's run leaving nothing allocated;
-- the width: `--jobs 1`, the CPU default, no plan, parts a worker cannot
-  receive, a budget that fits one run at a time: sequential, each with its
-  reason; a budget that fits k: k;
+- the width: `--jobs 1`, the CPU default, the default for a pair under 1 GiB,
+  no plan, parts a worker cannot receive, a budget that fits one run at a
+  time: sequential, each with its reason; a budget that fits k: k;
 - admission: a run waits while the runs in flight leave no room for it, and
   runs alone when nothing is in flight;
 - the critical path of known spans: the run that ended last, the chain before
@@ -34,9 +34,10 @@ from parity.analysis.critical_path import critical_path
 from parity.cli import main
 from parity.engine.parts import EngineParts
 from parity.engine.records import Records
-from parity.harness.concurrency import GIB, WORKER_OVERHEAD, Concurrency, Job, decide, session_jobs
+from parity.harness.concurrency import AUTO_MAX, GIB, WORKER_OVERHEAD, Concurrency, Job, decide, session_jobs
 from parity.harness.concurrent import _Schedule
 from parity.harness.request import RunRequest
+from parity.harness.workers import cpu_count
 from parity.harness.session import run_session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,6 +139,10 @@ def test_width_and_why():
     assert decide(roomy, None, jobs, torch.device("cpu")).jobs == 1
     assert decide(None, 4, jobs, cuda).reason.startswith("sequential: no memory plan")
     assert decide(roomy, 4, jobs, cuda).jobs == 4
+    assert decide(roomy, None, jobs, cuda).jobs == min(5, AUTO_MAX, cpu_count())
+    small = decide(plan(GIB // 2, 80 * GIB, SIZES), None, jobs, cuda)      # a tiny pair: its runs are short
+    assert small.jobs == 1 and small.reason.startswith("sequential: the default for a pair under 1 GiB")
+    assert decide(plan(GIB // 2, 80 * GIB, SIZES), 2, jobs, cuda).jobs == 2
     # Room for the weights, three workers and the three smallest runs, not four of each.
     three = 16 * GIB + 3 * WORKER_OVERHEAD["cuda"] + 6 * GIB
     assert decide(plan(16 * GIB, three, SIZES), 5, jobs, cuda).jobs == 3

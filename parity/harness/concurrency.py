@@ -11,9 +11,10 @@ contexts and the smallest runs that many at once fit the plan's budget; below
 two, the session runs sequentially, in this process, and says why. Which runs
 then share the device is decided run by run as they start (`concurrent.py`).
 
-Defaults: concurrent on CUDA (as many workers as runs, at most the CPU cores and
-`AUTO_MAX`), sequential on the CPU, where the tiny pairs' runs are short and
-the cores are what the runs themselves use.
+Defaults: concurrent on CUDA for a pair of at least `AUTO_MIN_WEIGHTS` (as
+many workers as runs, at most the CPU cores and `AUTO_MAX`); sequential for a
+smaller pair, whose runs are shorter than a worker's start-up, and on the CPU,
+where the cores are what the runs themselves use.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ GIB = 1 << 30
 # A worker's own device memory beside its runs: the CUDA context, cuBLAS workspaces and loaded kernels.
 WORKER_OVERHEAD = {"cuda": 1 * GIB, "cpu": 64 << 20}
 AUTO_MAX = 8
+# The default goes concurrent only for pairs this large: a smaller pair's runs last less than a worker's start-up
+# (a spawned process imports torch and transformers: seconds), and the GPU test suite runs many small sessions.
+AUTO_MIN_WEIGHTS = 1 * GIB
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,9 @@ def decide(plan, requested: int | None, jobs: list[Job], device: torch.device, *
         return Concurrency(1, requested, "sequential: the default on the CPU (--jobs N runs N at once)")
     if plan is None or plan.budget is None:
         return Concurrency(1, requested, "sequential: no memory plan to fit concurrent runs in")
+    if requested is None and plan.weights < AUTO_MIN_WEIGHTS:
+        return Concurrency(1, requested, f"sequential: the default for a pair under {AUTO_MIN_WEIGHTS / GIB:g} GiB, "
+                                         f"whose runs are shorter than a worker's start-up (--jobs N runs N at once)")
     why = sendable(*sent)
     if why is not None:
         return Concurrency(1, requested, f"sequential: {why}")
