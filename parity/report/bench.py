@@ -63,7 +63,8 @@ def concurrency_line(concurrency: dict | None) -> str | None:
     if path:
         text += (f"; runs {path['runs_start_seconds']:.1f}-{path['runs_end_seconds']:.1f} s, bounded by "
                  f"{path['bounded_by']} (critical path {' -> '.join(path['path'])}); concurrency "
-                 f"{path['concurrency']:.2f} ({path['busy_seconds']:.1f} s of runs in {path['runs_wall_seconds']:.1f} s)")
+                 f"{path['concurrency']:.2f} ({path['busy_seconds']:.1f} s of runs in "
+                 f"{path['runs_wall_seconds']:.1f} s)")
     device = concurrency.get("device")
     if device:
         text += (f"; device peak {human(device['peak_bytes'])} (weights + every worker) vs plan "
