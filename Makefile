@@ -24,7 +24,7 @@ help:
 	@echo "make smoke       seconds: imports, a tiny scenario in every mode, one fault named"
 	@echo "make test        CPU test suite (what CI runs), TEST_WORKERS=$(TEST_WORKERS) xdist workers"
 	@echo "make test-gpu    tests marked gpu (needs CUDA)"
-	@echo "make test-costly whole scenarios too costly for make test (issue 30's tree faults and sampled trees)"
+	@echo "make test-costly whole scenarios too costly for make test (CI runs them after it)"
 	@echo "make bench       side-by-side latency ratios"
 	@echo "make models      rebuild the embedded tiny pair under parity/assets/"
 	@echo "make fuzz        fuzz every input kind for FUZZ_SECONDS=$(FUZZ_SECONDS) s; prints examples and failures"
@@ -53,9 +53,10 @@ test: $(STAMP)
 	$(PY) -m pytest -m "not gpu and not costly" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # Whole scenarios make test's budget cannot hold (pyproject's `costly` marker): issue 30's tree faults through the
-# mutation matrix, their corpus bugs, the sampled-tree scenario in every mode. About 10 minutes on 2 cores.
+# mutation matrix, their corpus bugs, the sampled-tree scenario in every mode, concurrent runs against sequential
+# ones bit for bit (spawned workers). CI runs them after make test (.ci/run).
 test-costly: $(STAMP)
-	$(PY) -m pytest -m "costly and not gpu" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	PARITY_TEST_BUDGET_S=300 $(PY) -m pytest -m "costly and not gpu" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # With pytest-xdist the GPU tests spread over GPU_WORKERS processes sharing the one GPU (tests that share
 # an expensive fixture stay together: --dist loadgroup).

@@ -50,9 +50,16 @@ def test_run_breakdown_from_a_run(tmp_path):
     assert set(figures["runs"]) == {"eager", "full", "ref:full"}
     assert figures["runs"]["full"]["capture_seconds"] > 0 and figures["runs"]["full"]["plan_bytes"] > 0
     assert figures["runs"]["ref:full"]["plan_bytes"] is None
+    # One after another (the CPU default): eager, full, then the reference bounds the wall; concurrency 1.
+    spans = [(figures["runs"][n]["start_seconds"], figures["runs"][n]["end_seconds"]) for n in ("eager", "full",
+                                                                                                  "ref:full")]
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    path = figures["concurrency"]["critical_path"]
+    assert (path["bounded_by"], path["path"], path["concurrency"]) == ("ref:full", ["eager", "full", "ref:full"], 1.0)
     console = Console(width=120, record=True, file=open("/dev/null", "w"))
     console.print(run_table(figures))
-    assert "ref:full" in console.export_text()
+    text = console.export_text()
+    assert "ref:full" in text and "bounded by ref:full" in text
 
 
 def test_bench_scale_reads_a_saved_run(tmp_path, capsys, monkeypatch):

@@ -28,6 +28,8 @@ def register_scale(suites) -> None:
     sc.add_argument("--run-summary", default=None, metavar="SUMMARY_JSON",
                     help="take the run's figures from a `parity run` folder's summary.json instead of running")
     sc.add_argument("--skip-run", action="store_true", help="forwards only")
+    sc.add_argument("--jobs", type=count, default=None, metavar="N",
+                    help="runs of the whole run at once (1: one after another; default: as `parity run`)")
     sc.add_argument("--skip-forwards", action="store_true", help="the run only")
     sc.add_argument("--batches", default="1,8,32", help="batch sizes of the per-forward figures")
     sc.add_argument("--max-model-len", type=count, default=512)
@@ -71,5 +73,5 @@ def _run(args) -> dict:
             raise ParityInputError(f"--run-summary {args.run_summary}: cannot read it ({exc})") from None
         return run_figures(summary)
     request = RunRequest(args.model, args.scenario, None, "cuda", target_path=args.target_path,
-                         draft_path=args.draft_path, dtype=args.dtype, bisect=False)
+                         draft_path=args.draft_path, dtype=args.dtype, bisect=False, jobs=args.jobs)
     return time_scale_run(request)

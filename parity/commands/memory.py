@@ -6,6 +6,7 @@ import dataclasses
 
 from parity.commands.common import EXIT_PASS, console, gibibytes
 from parity.harness.plan import check_plan, plan_of
+from parity.report.bench import concurrency_line
 from parity.report.memory import render_plan, run_line
 
 
@@ -43,3 +44,6 @@ def print_session(summary: dict) -> None:
     spent = ", ".join(f"{k.removesuffix('_seconds')} {v:.2f} s" for k, v in timing.items()
                       if k.endswith("_seconds"))
     print(f"session: {spent}", flush=True)
+    line = concurrency_line((summary.get("measured") or {}).get("concurrency"))
+    if line:
+        print(f"runs: {line}", flush=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, run_request
+import dataclasses
+
+from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, count, run_request
 from parity.commands.memory import add_memory_options, print_run, print_session, show_plan, with_memory
 from parity.commands.outputs import add_force, check_out, save_run
 from parity.harness.session import run_session
@@ -20,13 +22,16 @@ def register(sub) -> None:
     run.add_argument("--check-unpadded", action="store_true",
                      help="also run eager one request at a time (no batching, no padding) and say whether eager "
                           "itself agrees with it: a bug every mode shares is the engine's, not the graphs'")
+    run.add_argument("--jobs", type=count, default=None, metavar="N",
+                     help="runs at once, in worker processes sharing the weights (1: one after another; default: "
+                          "concurrent on CUDA as far as the memory plan fits, sequential on the CPU)")
     add_memory_options(run)
     run.set_defaults(handler=main)
 
 
 def main(args) -> int:
     """Run the scenario in each mode, compare with eager, render and save the report."""
-    request = with_memory(run_request(args), args)
+    request = dataclasses.replace(with_memory(run_request(args), args), jobs=args.jobs)
     if args.plan:
         return show_plan(request)
     check_out(args)

@@ -13,7 +13,9 @@
    (read + write counted).
 2. A whole run of a scenario in every mode (or a saved run's summary.json):
    wall time, load, capture and run time per mode, analysis; memory per run
-   (peak allocated and reserved, leftover) next to the memory plan.
+   (peak allocated and reserved, leftover) next to the memory plan; each run's
+   start and end, the critical path (which run bounded the wall time) and the
+   concurrency achieved (the runs' summed time over their wall time).
 
 Computes and returns plain dicts; `parity bench scale` prints and saves them.
 """
@@ -126,12 +128,15 @@ def run_figures(summary: dict, wall_seconds: float | None = None) -> dict:
     runs = timing.get("runs") or {}
     memory = measured.get("memory") or {}
     plan = measured.get("memory_plan") or {}
+    concurrency = measured.get("concurrency") or {}
+    spans = (concurrency.get("critical_path") or {}).get("spans") or {}
     return {
         "model": summary["model"], "scenario": summary["scenario"], "verdict": summary["verdict"],
         "wall_seconds": wall_seconds,
         "load_seconds": timing.get("load_seconds"), "analysis_seconds": timing.get("analysis_seconds"),
         "bisect_seconds": timing.get("bisect_seconds", 0.0),
-        "runs": {name: {**t, **(memory.get(name) or {}),
+        "concurrency": concurrency or None,
+        "runs": {name: {**t, **(memory.get(name) or {}), **spans.get(name, {}),
                         "plan_bytes": (plan.get("modes") or {}).get(name, {}).get("total_bytes"),
                         "verdict": summary["modes"].get(name, {}).get("verdict"),
                         "mean_acceptance_length": summary["modes"].get(name, {}).get("mean_acceptance_length")}

@@ -9,12 +9,15 @@ padded shape, its padding poisoned. Modes that pad every batch alike (the same
 
 Runs happen one after another in bounded memory: each run's engine, KV cache,
 graphs and pools are given back before the next starts (`release.measured`),
-and each run records its memory (CUDA: baseline, peak, leftover) and timing.
+and each run records its memory (CUDA: baseline, peak, leftover) and timing;
+or, given a concurrent `pool` (`harness.concurrent`), at the same time in
+worker processes sharing the weights, each run the same code on its own engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -36,6 +39,7 @@ from parity.graphs.policy import CapturePolicy
 from parity.harness.crashes import engine_crash
 from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.scenario import Scenario
+from parity.harness.run_context import NotSendable, RunContext, torch_settings
 
 
 @dataclass
@@ -66,6 +70,8 @@ class RunSet:
     references: dict[str, ModeRun] = field(default_factory=dict)
     reference_of: dict[str, str] = field(default_factory=dict)
     yardstick: Yardstick = Yardstick("float32")   # how far a reference may part from eager (numerics)
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)   # run -> (start, end), perf_counter
+    concurrency: dict | None = None     # concurrent runs: the device memory sampled and the planned peak
 
     def all_runs(self) -> dict[str, ModeRun]:
         return {**self.runs, **self.references}
@@ -189,26 +195,49 @@ def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: Engin
 
 
 def run_modes(pair, scenario: Scenario, modes, backend: str, device, parts: EngineParts = EngineParts(),
-              policy: CapturePolicy = CapturePolicy(), progress=None, on_run=None) -> RunSet:
-    """Eager, each graph mode and each padded reference, on the same schedule, one after another.
+              policy: CapturePolicy = CapturePolicy(), progress=None, on_run=None, pool=None) -> RunSet:
+    """Eager, each graph mode and each padded reference, on the same schedule: one after another, or in the
+    workers of `pool` (`harness.concurrent`) at the same time when it is concurrent.
 
     `progress`, when given, is told `start(name, num_requests)` before each run
     and `advance(name, num_finished)` as requests finish; `on_run(run)`, when
     given, gets each finished ModeRun (its memory and timing included).
+    Each run's span (start, end on this process's clock) goes in `RunSet.spans`.
     """
     runset = RunSet({}, reference_of=reference_names(modes, scenario), yardstick=yardstick(pair, parts))
+    if pool is not None and pool.concurrency.concurrent:
+        try:
+            return _run_concurrently(runset, pool, pair, scenario, modes, backend, device, parts, policy, progress,
+                                     on_run)
+        except NotSendable as why:
+            runset.concurrency = {"jobs": 1, "concurrent": False, "reason": f"sequential: {why}"}
     with frozen_heap():
         for mode in modes:
+            start = time.perf_counter()
             runset.runs[mode] = run_mode(pair, scenario, mode, backend, device, parts, policy,
                                          progress=_ticker(progress, mode, scenario))
+            runset.spans[mode] = (start, time.perf_counter())
             if on_run is not None:
                 on_run(runset.runs[mode])
         for mode, name in runset.reference_of.items():
             if name not in runset.references:
+                start = time.perf_counter()
                 runset.references[name] = run_reference(pair, scenario, mode, name, device, parts,
                                                         progress=_ticker(progress, name, scenario))
+                runset.spans[name] = (start, time.perf_counter())
                 if on_run is not None:
                     on_run(runset.references[name])
+    return runset
+
+
+def _run_concurrently(runset: RunSet, pool, pair, scenario: Scenario, modes, backend: str, device, parts, policy,
+                      progress, on_run) -> RunSet:
+    context = RunContext(pair, scenario, backend, torch.device(device), parts, policy, torch_settings())
+    done = pool.run(context, progress, on_run)
+    runset.runs = {mode: done["runs"][mode] for mode in modes}
+    runset.references = {name: done["runs"][name] for name in dict.fromkeys(runset.reference_of.values())}
+    runset.spans = done["spans"]
+    runset.concurrency = {k: v for k, v in done.items() if k not in ("runs", "spans")}
     return runset
 
 

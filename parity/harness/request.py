@@ -37,6 +37,7 @@ class RunRequest:
     bisect: bool = True
     device_memory: float | None = None     # GiB the memory plan may use (None: what the device has free)
     check_unpadded: bool = False           # also run eager one request at a time (`harness.unpadded`)
+    jobs: int | None = None                # runs at once (1: one after another; None: `harness.concurrency`)
 
 
 def resolve_modes(requested: tuple[str, ...] | None, scenario: Scenario) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ import weakref
 from dataclasses import dataclass
 
 from parity.analysis.compare import compare_runs
+from parity.analysis.critical_path import critical_path
 from parity.analysis.reference_parity import reference_parity
 from parity.analysis.summary import build_summary
 from parity.diagnose import bisect_mode
@@ -20,7 +21,10 @@ from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
-from parity.harness.modes import RunSet, capture_policy, request_specs, run_modes, run_reference
+from parity.harness.concurrency import decide, session_jobs
+from parity.harness.concurrent import RunPool
+from parity.harness.modes import (RunSet, capture_policy, reference_names, request_specs, run_modes,
+                                  run_reference)
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
 from parity.harness.padding_diagnosis import padding_diagnosis, unless_unexplained
 from parity.harness.release import Stopwatch, frozen_heap, measured
@@ -43,16 +47,24 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
     The memory plan is checked before any weight is read; `on_run(run)` gets
     each finished run (its memory and timing) as it ends.
     """
-    watch = Stopwatch()
+    watch, origin = Stopwatch(), time.perf_counter()
     scenario = load_request_scenario(request.scenario_path, request.seed)
     modes = resolve_modes(request.modes, scenario)
     backend, device = resolve_backend(request.backend)
     plan = plan_request(request, scenario, modes, device)
     check_plan(plan)
-    with watch("load_seconds"):
-        pair = load_request_pair(request, device, kv_cache_tokens(scenario))
+    jobs = session_jobs(modes, reference_names(modes, scenario), plan)
+    concurrency = decide(plan, request.jobs, jobs, device, scenario, request.parts, request.policy)
+    with RunPool(concurrency, device, jobs) as pool:    # spawned workers start importing while weights load
+        with watch("load_seconds"):
+            pair = load_request_pair(request, device, kv_cache_tokens(scenario))
+        with frozen_heap():
+            runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress, on_run,
+                             pool=pool)
+            pool.close()
+    concurrent = {**concurrency.as_dict(), **(runs.concurrency or {}),
+                  "critical_path": critical_path(runs.spans, origin)}
     with frozen_heap():
-        runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy, progress, on_run)
         with watch("analysis_seconds"):
             comparisons = compare_runs(runs, scenario)
             check_padding(pair, scenario, device, request, runs, comparisons)
@@ -85,6 +97,7 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
     if unpadded is not None:
         summary["unpadded"] = unpadded
     summary["measured"] = measured_block(watch, runs, plan, bisect_seconds)
+    summary["measured"]["concurrency"] = concurrent
     return RunOutcome(summary, runs, scenario)
 
 

@@ -35,14 +35,41 @@ def run_table(run: dict) -> Table:
     table = Table(title=f"{run['model']} / {run['scenario']} · {run['verdict']}{wall} · load "
                         f"{run['load_seconds']} s · analysis {run['analysis_seconds']} s · bisection "
                         f"{run['bisect_seconds']} s", title_justify="left")
-    for column in ("run", "capture s", "run s", "peak", "peak reserved", "leftover", "plan", "verdict", "len"):
+    for column in ("run", "start s", "end s", "capture s", "run s", "peak", "peak reserved", "leftover", "plan",
+                   "verdict", "len"):
         table.add_column(column, justify="left" if column == "run" else "right", no_wrap=True)
     for name, r in run["runs"].items():
-        table.add_row(name, f"{r.get('capture_seconds', 0):.2f}", f"{r.get('run_seconds', 0):.2f}",
+        table.add_row(name, _seconds(r.get("start_seconds")), _seconds(r.get("end_seconds")),
+                      f"{r.get('capture_seconds', 0):.2f}", f"{r.get('run_seconds', 0):.2f}",
                       human(r.get("peak_bytes")), human(r.get("peak_reserved_bytes")), human(r.get("leftover_bytes")),
                       human(r.get("plan_bytes")), r.get("verdict") or "-",
                       f"{r['mean_acceptance_length']:.3f}" if r.get("mean_acceptance_length") is not None else "-")
+    table.caption = concurrency_line(run.get("concurrency"))
+    table.caption_justify = "left"
     return table
+
+
+def _seconds(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def concurrency_line(concurrency: dict | None) -> str | None:
+    """How the runs went (at once or one after another, and why), which run bounded the wall time, the chain of
+    runs it waited on, the concurrency achieved and, for concurrent runs on CUDA, the device's peak vs the plan."""
+    if not concurrency:
+        return None
+    text = concurrency["reason"]
+    path = concurrency.get("critical_path")
+    if path:
+        text += (f"; runs {path['runs_start_seconds']:.1f}-{path['runs_end_seconds']:.1f} s, bounded by "
+                 f"{path['bounded_by']} (critical path {' -> '.join(path['path'])}); concurrency "
+                 f"{path['concurrency']:.2f} ({path['busy_seconds']:.1f} s of runs in "
+                 f"{path['runs_wall_seconds']:.1f} s)")
+    device = concurrency.get("device")
+    if device:
+        text += (f"; device peak {human(device['peak_bytes'])} (weights + every worker) vs plan "
+                 f"{human(concurrency.get('planned_peak_bytes'))}")
+    return text
 
 
 def alarms_line(result: dict) -> str:
