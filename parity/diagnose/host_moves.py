@@ -31,9 +31,7 @@ from parity.diagnose.lab import Divergence
 from parity.diagnose.state import host_moves
 from parity.audit.one_variable import search
 from parity.graphs import host_state
-from parity.graphs.capture import capture
 from parity.graphs.host_state import short
-from parity.graphs.modes import PIECEWISE
 
 
 def moved_by(snaps: dict, ref, ev_r, graph, ev_g) -> dict:
@@ -84,20 +82,14 @@ def _replayed(lab: Divergence, holder, path, value):
 
 
 def _recaptured(lab: Divergence, holder, path, value) -> bool:
-    d, backend, fn = lab.dispatch, lab.executor.backend, lab.forward()
-    lab.restore()
-    if not host_state.put(holder, path, value):
-        return False
+    def put():
+        if not host_state.put(holder, path, value):
+            raise ValueError(f"{host_state.name(path)} cannot be set")
     try:
-        g = capture(backend, backend.new_pool("bisect"),
-                    lambda: fn(d.num_tokens_padded, d.num_reqs_padded, lab.entry.capture_meta),
-                    piecewise=d.runtime_mode == PIECEWISE, weak_outputs=False)
+        graph = lab.recapture(lab.entry.capture_meta, put)
     except (RuntimeError, IndexError, ValueError):      # the forward cannot be captured on this value
-        lab.restore()
         return False
-    lab.restore()
-    lab.replays += 1
-    return lab.matches(g.replay(lab.ev_g.meta))
+    return lab.replay_matches(graph)
 
 
 def _eager(lab: Divergence, holder, path, value):

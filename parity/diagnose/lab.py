@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
+from parity.graphs.capture import capture
+from parity.graphs.modes import PIECEWISE
 
 
 @dataclass
@@ -67,6 +69,28 @@ class Divergence:
         self.replays += 1
         result = engine.owner(event.owner).executor.execute(event.dispatch, self.forward(run), event.meta)
         return outputs(engine, event, result)
+
+    def recapture(self, meta, prepare=lambda: None, phase: str | None = None, piecewise: bool | None = None):
+        """A fresh graph of the forward (of `phase`: another phase's) at the dispatched padded shape, captured from
+        `meta` into a new pool on the graph run's pre-state after `prepare()` (it sets the one thing an experiment
+        changes); the run is put back to its pre-state after, whether the capture succeeds or raises."""
+        d, backend = self.dispatch, self.executor.backend
+        fn = forward_fn(self.graph, self.ev_g.owner, phase or self.ev_g.phase)
+        self.restore()
+        try:
+            prepare()
+            return capture(backend, backend.new_pool("bisect"),
+                           lambda: fn(d.num_tokens_padded, d.num_reqs_padded, meta),
+                           piecewise=d.runtime_mode == PIECEWISE if piecewise is None else piecewise,
+                           weak_outputs=False)
+        finally:
+            self.restore()
+
+    def replay_matches(self, graph) -> bool:
+        """Replay `graph` on the live metadata from the graph run's pre-state: the reference's outputs?"""
+        self.restore()
+        self.replays += 1
+        return self.matches(graph.replay(self.ev_g.meta))
 
     def matches(self, returned=None) -> bool:
         """Does the graph run's forward now produce the reference's outputs (`returned`: what a re-run or

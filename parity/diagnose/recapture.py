@@ -33,28 +33,20 @@ from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.probes import probe_layers
 from parity.diagnose.readset import graph_writes, reference_writes
-from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
 from parity.graphs.host_state import short
-from parity.graphs.modes import PIECEWISE
 
 
 def recaptured(lab: Divergence, fields: dict, contents=()) -> bool:
     """Re-capture the forward from the capture-time metadata with `fields` set (host values, or inputs that
     were absent), the buffers `contents` put back to what the original capture saw, and replay it on the live
     state: does it give the reference's outputs?"""
-    d, executor, entry, fn = lab.dispatch, lab.executor, lab.entry, lab.forward()
-    meta = dataclasses.replace(entry.capture_meta, **fields)
-    registries = {(r.owner, name): t for r in executor.registries for name, t in r.items()}
-    lab.restore()
-    for key in contents:
-        registries[key].copy_(entry.captured_contents[key])
-    g = capture(executor.backend, executor.backend.new_pool("bisect"),
-                lambda: fn(d.num_tokens_padded, d.num_reqs_padded, meta),
-                piecewise=d.runtime_mode == PIECEWISE, weak_outputs=False)
-    lab.restore()
-    lab.replays += 1
-    return lab.matches(g.replay(lab.ev_g.meta))
+    registries = {(r.owner, name): t for r in lab.executor.registries for name, t in r.items()}
+
+    def put_back():
+        for key in contents:
+            registries[key].copy_(lab.entry.captured_contents[key])
+    return lab.replay_matches(lab.recapture(dataclasses.replace(lab.entry.capture_meta, **fields), put_back))
 
 
 def absent_inputs(lab: Divergence) -> Diagnosis | None:
