@@ -102,13 +102,18 @@ class Divergence:
         """A diagnosis at this forward; `found` holds what the stage isolated (evidence, experiment, addresses,
         ruled_out: the lab's when not given)."""
         where = {**self.where, **{k: found.pop(k) for k in ("rows", "max_abs_diff", "graph") if k in found}}
-        e = self.ev_g
-        return Diagnosis(kind, list(buffers), self.mode, owner=e.owner, step=e.step, phase=e.phase,
-                         draft_step=e.draft_step, forward_index=e.index, rows=list(where.get("rows", ())),
-                         graph=where.get("graph"), max_abs_diff=where.get("max_abs_diff"), replays=self.replays,
-                         captured_address=found.pop("captured", None), live_address=found.pop("live", None),
-                         evidence=list(found.pop("evidence", ())), experiment=found.pop("experiment", None),
-                         ruled_out=list(found.pop("ruled_out", self.ruled_out)), also=list(found.pop("also", ())))
+        return diagnosis_at(self.mode, self.ev_g, kind, buffers, self.replays, rows=list(where.get("rows", ())),
+                            graph=where.get("graph"), max_abs_diff=where.get("max_abs_diff"),
+                            captured_address=found.pop("captured", None), live_address=found.pop("live", None),
+                            evidence=list(found.pop("evidence", ())), experiment=found.pop("experiment", None),
+                            ruled_out=list(found.pop("ruled_out", self.ruled_out)), also=list(found.pop("also", ())))
+
+
+def diagnosis_at(mode: str, event, kind: str, buffers, replays: int = 0, **fields) -> Diagnosis:
+    """A diagnosis at `event`'s forward, for the stages and the run-level checks alike (`fields`: the other
+    `Diagnosis` fields a check isolated: evidence, experiment, ruled_out, max_abs_diff...)."""
+    return Diagnosis(kind, list(buffers), mode, owner=event.owner, step=event.step, phase=event.phase,
+                     draft_step=event.draft_step, forward_index=event.index, replays=replays, **fields)
 
 
 def run_stages(lab: Divergence, stages) -> Diagnosis | None:
