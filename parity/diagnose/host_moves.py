@@ -28,6 +28,7 @@ from __future__ import annotations
 from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
+from parity.diagnose.recapture import recaptured
 from parity.diagnose.state import host_moves
 from parity.audit.one_variable import search
 from parity.graphs import host_state
@@ -51,7 +52,7 @@ def stage(lab: Divergence) -> Diagnosis | None:
             continue
         name = host_state.name(path)
         found = (_eager(lab, holder, path, ref_before) if entry is None
-                 else _replayed(lab, holder, path, ref_before))
+                 else _replayed(lab, path, ref_before))
         if found is False:
             lab.ruled_out.append(f"{'re-run' if entry is None else 're-capture'} with the reference's value of {name}, "
                              "which the forward advances itself")
@@ -66,14 +67,14 @@ def stage(lab: Divergence) -> Diagnosis | None:
     return None
 
 
-def _replayed(lab: Divergence, holder, path, value):
+def _replayed(lab: Divergence, path, value):
     """(experiment, control) when a re-capture with `path` at `value` restores parity and the control
     re-capture with the captured value does not; None when the graph was captured with `value`; False when
     the experiment failed."""
     baked = lab.entry.captured_host.get(path, lab.snaps["graph"]["host"][lab.ev_g.owner][1][path])
     if host_state.same(baked, value):
         return None
-    found = search([path], lambda live: _recaptured(lab, holder, path, value if live else baked))
+    found = search([path], lambda live: _recaptured(lab, path, value if live else baked))
     if not found.restoring:
         return False     # any fresh capture restores parity (the value is not what differs), or none does
     name = host_state.name(path)
@@ -81,15 +82,11 @@ def _replayed(lab: Divergence, holder, path, value):
             "changed)", f"the control re-capture with the value it was captured with ({short(baked)}) does not")
 
 
-def _recaptured(lab: Divergence, holder, path, value) -> bool:
-    def put():
-        if not host_state.put(holder, path, value):
-            raise ValueError(f"{host_state.name(path)} cannot be set")
+def _recaptured(lab: Divergence, path, value) -> bool:
     try:
-        graph = lab.recapture(lab.entry.capture_meta, put)
+        return recaptured(lab, {}, host={path: value})
     except (RuntimeError, IndexError, ValueError):      # the forward cannot be captured on this value
         return False
-    return lab.replay_matches(graph)
 
 
 def _eager(lab: Divergence, holder, path, value):
