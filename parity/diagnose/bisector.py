@@ -10,7 +10,7 @@ from parity.diagnosis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
 from parity.diagnose import (capture_error, descriptor, experiments, host_moves, lifetime, padding, pool, rebound,
                              recapture, reproducible)
 from parity.diagnosis.record import Diagnosis
-from parity.diagnose.lab import Divergence, run_stages
+from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
 from parity.diagnose.state import diff_rows, max_diff, outputs, snapshot
 from parity.engine.spec_decode import RunEvents
 from parity.graphs.capacity import ShortBuffers
@@ -162,15 +162,9 @@ class Bisector:
             lab.where["graph"] = _graph_info(ev_g.dispatch, lab.entry)
         return lab
 
-    # --- what the stages share ------------------------------------------------------------
-
-    def diagnosis(self, kind, buffers, event, rows=(), graph_info=None, max_abs_diff=None, captured=None,
-                  live=None, evidence=(), experiment=None, ruled_out=(), also=()) -> Diagnosis:
-        return Diagnosis(kind, list(buffers), self.mode, owner=event.owner, step=event.step, phase=event.phase,
-                         draft_step=event.draft_step, forward_index=event.index, rows=list(rows), graph=graph_info,
-                         captured_address=captured, live_address=live, evidence=list(evidence),
-                         replays=self.replays, max_abs_diff=max_abs_diff, experiment=experiment,
-                         ruled_out=list(ruled_out), also=list(also))
+    def diagnosis(self, kind, buffers, event, **fields) -> Diagnosis:
+        """A run-level diagnosis at `event`'s forward (`fields`: evidence, experiment, ruled_out...)."""
+        return diagnosis_at(self.mode, event, kind, buffers, self.replays, **fields)
 
 
 class PaddingBisector(Bisector):

@@ -23,8 +23,6 @@ from __future__ import annotations
 from parity.diagnosis.kinds import DESCRIPTOR_MISMATCH, WRONG_GRAPH
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
-from parity.diagnose.state import forward_fn
-from parity.graphs.capture import capture
 from parity.graphs.modes import PIECEWISE
 
 
@@ -90,21 +88,12 @@ def _right_graph(lab: Divergence) -> tuple[str, bool]:
         experiment = f"capture the {wanted.describe()} now (none was captured for it) and replay it instead"
     if right is None:
         return experiment, False
-    lab.restore()
-    lab.replays += 1
-    return experiment, lab.matches(right.replay(lab.ev_g.meta))
+    return experiment, lab.replay_matches(right)
 
 
 def _captured_now(lab: Divergence, wanted):
     """A graph of the dispatched phase's forward captured at the dispatched shape on the live metadata."""
-    d, backend = lab.dispatch, lab.executor.backend
-    fn = forward_fn(lab.graph, lab.ev_g.owner, wanted.phase)
-    lab.restore()
     try:
-        return capture(backend, backend.new_pool("bisect"),
-                       lambda: fn(d.num_tokens_padded, d.num_reqs_padded, lab.ev_g.meta),
-                       piecewise=wanted.runtime_mode == PIECEWISE, weak_outputs=False)
+        return lab.recapture(lab.ev_g.meta, phase=wanted.phase, piecewise=wanted.runtime_mode == PIECEWISE)
     except (RuntimeError, IndexError, ValueError):    # the forward cannot be captured here: no experiment
         return None
-    finally:
-        lab.restore()

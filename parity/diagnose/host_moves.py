@@ -28,12 +28,11 @@ from __future__ import annotations
 from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
+from parity.diagnose.recapture import recaptured
 from parity.diagnose.state import host_moves
 from parity.audit.one_variable import search
 from parity.graphs import host_state
-from parity.graphs.capture import capture
 from parity.graphs.host_state import short
-from parity.graphs.modes import PIECEWISE
 
 
 def moved_by(snaps: dict, ref, ev_r, graph, ev_g) -> dict:
@@ -53,7 +52,7 @@ def stage(lab: Divergence) -> Diagnosis | None:
             continue
         name = host_state.name(path)
         found = (_eager(lab, holder, path, ref_before) if entry is None
-                 else _replayed(lab, holder, path, ref_before))
+                 else _replayed(lab, path, ref_before))
         if found is False:
             lab.ruled_out.append(f"{'re-run' if entry is None else 're-capture'} with the reference's value of {name}, "
                              "which the forward advances itself")
@@ -68,14 +67,14 @@ def stage(lab: Divergence) -> Diagnosis | None:
     return None
 
 
-def _replayed(lab: Divergence, holder, path, value):
+def _replayed(lab: Divergence, path, value):
     """(experiment, control) when a re-capture with `path` at `value` restores parity and the control
     re-capture with the captured value does not; None when the graph was captured with `value`; False when
     the experiment failed."""
     baked = lab.entry.captured_host.get(path, lab.snaps["graph"]["host"][lab.ev_g.owner][1][path])
     if host_state.same(baked, value):
         return None
-    found = search([path], lambda live: _recaptured(lab, holder, path, value if live else baked))
+    found = search([path], lambda live: _recaptured(lab, path, value if live else baked))
     if not found.restoring:
         return False     # any fresh capture restores parity (the value is not what differs), or none does
     name = host_state.name(path)
@@ -83,21 +82,11 @@ def _replayed(lab: Divergence, holder, path, value):
             "changed)", f"the control re-capture with the value it was captured with ({short(baked)}) does not")
 
 
-def _recaptured(lab: Divergence, holder, path, value) -> bool:
-    d, backend, fn = lab.dispatch, lab.executor.backend, lab.forward()
-    lab.restore()
-    if not host_state.put(holder, path, value):
-        return False
+def _recaptured(lab: Divergence, path, value) -> bool:
     try:
-        g = capture(backend, backend.new_pool("bisect"),
-                    lambda: fn(d.num_tokens_padded, d.num_reqs_padded, lab.entry.capture_meta),
-                    piecewise=d.runtime_mode == PIECEWISE, weak_outputs=False)
+        return recaptured(lab, {}, host={path: value})
     except (RuntimeError, IndexError, ValueError):      # the forward cannot be captured on this value
-        lab.restore()
         return False
-    lab.restore()
-    lab.replays += 1
-    return lab.matches(g.replay(lab.ev_g.meta))
 
 
 def _eager(lab: Divergence, holder, path, value):

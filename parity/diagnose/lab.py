@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
+from parity.graphs.capture import capture
+from parity.graphs.modes import PIECEWISE
 
 
 @dataclass
@@ -68,6 +70,28 @@ class Divergence:
         result = engine.owner(event.owner).executor.execute(event.dispatch, self.forward(run), event.meta)
         return outputs(engine, event, result)
 
+    def recapture(self, meta, prepare=lambda: None, phase: str | None = None, piecewise: bool | None = None):
+        """A fresh graph of the forward (of `phase`: another phase's) at the dispatched padded shape, captured from
+        `meta` into a new pool on the graph run's pre-state after `prepare()` (it sets the one thing an experiment
+        changes); the run is put back to its pre-state after, whether the capture succeeds or raises."""
+        d, backend = self.dispatch, self.executor.backend
+        fn = forward_fn(self.graph, self.ev_g.owner, phase or self.ev_g.phase)
+        self.restore()
+        try:
+            prepare()
+            return capture(backend, backend.new_pool("bisect"),
+                           lambda: fn(d.num_tokens_padded, d.num_reqs_padded, meta),
+                           piecewise=d.runtime_mode == PIECEWISE if piecewise is None else piecewise,
+                           weak_outputs=False)
+        finally:
+            self.restore()
+
+    def replay_matches(self, graph) -> bool:
+        """Replay `graph` on the live metadata from the graph run's pre-state: the reference's outputs?"""
+        self.restore()
+        self.replays += 1
+        return self.matches(graph.replay(self.ev_g.meta))
+
     def matches(self, returned=None) -> bool:
         """Does the graph run's forward now produce the reference's outputs (`returned`: what a re-run or
         another graph returned instead of the forward's own outputs)?"""
@@ -78,13 +102,18 @@ class Divergence:
         """A diagnosis at this forward; `found` holds what the stage isolated (evidence, experiment, addresses,
         ruled_out: the lab's when not given)."""
         where = {**self.where, **{k: found.pop(k) for k in ("rows", "max_abs_diff", "graph") if k in found}}
-        e = self.ev_g
-        return Diagnosis(kind, list(buffers), self.mode, owner=e.owner, step=e.step, phase=e.phase,
-                         draft_step=e.draft_step, forward_index=e.index, rows=list(where.get("rows", ())),
-                         graph=where.get("graph"), max_abs_diff=where.get("max_abs_diff"), replays=self.replays,
-                         captured_address=found.pop("captured", None), live_address=found.pop("live", None),
-                         evidence=list(found.pop("evidence", ())), experiment=found.pop("experiment", None),
-                         ruled_out=list(found.pop("ruled_out", self.ruled_out)), also=list(found.pop("also", ())))
+        return diagnosis_at(self.mode, self.ev_g, kind, buffers, self.replays, rows=list(where.get("rows", ())),
+                            graph=where.get("graph"), max_abs_diff=where.get("max_abs_diff"),
+                            captured_address=found.pop("captured", None), live_address=found.pop("live", None),
+                            evidence=list(found.pop("evidence", ())), experiment=found.pop("experiment", None),
+                            ruled_out=list(found.pop("ruled_out", self.ruled_out)), also=list(found.pop("also", ())))
+
+
+def diagnosis_at(mode: str, event, kind: str, buffers, replays: int = 0, **fields) -> Diagnosis:
+    """A diagnosis at `event`'s forward, for the stages and the run-level checks alike (`fields`: the other
+    `Diagnosis` fields a check isolated: evidence, experiment, ruled_out, max_abs_diff...)."""
+    return Diagnosis(kind, list(buffers), mode, owner=event.owner, step=event.step, phase=event.phase,
+                     draft_step=event.draft_step, forward_index=event.index, replays=replays, **fields)
 
 
 def run_stages(lab: Divergence, stages) -> Diagnosis | None:

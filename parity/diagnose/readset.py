@@ -1,7 +1,8 @@
 """The full read set (and write set) of the reference forward at the divergence, by role.
 
-The reference forward is re-run from its pre-state under a dispatch-mode
-tracer that collects every storage its ops read; each storage is named by its
+The reference forward is re-run from its pre-state under the audit's tracer
+(`audit.trace.ReadSetTracer`, what a captured callable reads and writes of
+the memory that existed before it); each storage is named by its
 role: a buffer of the owner's registry, a tensor field of the metadata
 object, the owner's KV cache, or an attribute path from the owner object
 (`model.hf.model.rotary_emb.inv_freq`, a tensor the proposer keeps), whichever
@@ -18,22 +19,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from parity.audit.trace import ReadSetTracer
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import registry_of
 from parity.graphs.manifest import object_tensors, role_name
-from parity.graphs.touched import Touched
-
-
-class _Traced(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.touched = Touched()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.touched.add(func, args, kwargs or {})
-        return func(*args, **(kwargs or {}))
 
 
 def reference_reads(lab: Divergence) -> dict[str, set[str]]:
@@ -60,17 +50,17 @@ def graph_writes(lab: Divergence) -> set[str]:
 def _trace(lab: Divergence) -> None:
     ev_r = lab.ev_r
     lab.restore("ref")
-    tracer = _Traced()
+    tracer = ReadSetTracer()     # the audit's: what a traced region reads and writes of what existed before it
     lab.replays += 1
     with tracer, torch.no_grad():
         lab.forward("ref")(ev_r.dispatch.num_tokens_padded, ev_r.dispatch.num_reqs_padded, ev_r.meta)
     lab.restore("ref")
     named = storage_roles(lab.ref, ev_r)
     lab.reads = {}
-    for storage in tracer.touched.read_storages:
+    for storage in {storage for storage, _, _ in tracer.reads}:
         for role, holder in named.get(storage, ()):
             lab.reads.setdefault(role, set()).add(holder)
-    lab.ref_writes = {role for storage in tracer.touched.write_storages for role, _ in named.get(storage, ())}
+    lab.ref_writes = {role for storage in tracer.writes for role, _ in named.get(storage, ())}
 
 
 def storage_roles(engine, event) -> dict[int, list[tuple[str, str]]]:

@@ -33,28 +33,25 @@ from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.probes import probe_layers
 from parity.diagnose.readset import graph_writes, reference_writes
-from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
+from parity.graphs import host_state
 from parity.graphs.host_state import short
-from parity.graphs.modes import PIECEWISE
 
 
-def recaptured(lab: Divergence, fields: dict, contents=()) -> bool:
+def recaptured(lab: Divergence, fields: dict, contents=(), host: dict | None = None) -> bool:
     """Re-capture the forward from the capture-time metadata with `fields` set (host values, or inputs that
-    were absent), the buffers `contents` put back to what the original capture saw, and replay it on the live
-    state: does it give the reference's outputs?"""
-    d, executor, entry, fn = lab.dispatch, lab.executor, lab.entry, lab.forward()
-    meta = dataclasses.replace(entry.capture_meta, **fields)
-    registries = {(r.owner, name): t for r in executor.registries for name, t in r.items()}
-    lab.restore()
-    for key in contents:
-        registries[key].copy_(entry.captured_contents[key])
-    g = capture(executor.backend, executor.backend.new_pool("bisect"),
-                lambda: fn(d.num_tokens_padded, d.num_reqs_padded, meta),
-                piecewise=d.runtime_mode == PIECEWISE, weak_outputs=False)
-    lab.restore()
-    lab.replays += 1
-    return lab.matches(g.replay(lab.ev_g.meta))
+    were absent), the buffers `contents` put back to what the original capture saw and the owner's host values
+    `host` ({path: value}) set, and replay it on the live state: does it give the reference's outputs?"""
+    registries = {(r.owner, name): t for r in lab.executor.registries for name, t in r.items()}
+    holder = lab.snaps["graph"]["host"][lab.ev_g.owner][0]
+
+    def prepare():
+        for key in contents:
+            registries[key].copy_(lab.entry.captured_contents[key])
+        for path, value in (host or {}).items():
+            if not host_state.put(holder, path, value):
+                raise ValueError(f"{host_state.name(path)} cannot be set")
+    return lab.replay_matches(lab.recapture(dataclasses.replace(lab.entry.capture_meta, **fields), prepare))
 
 
 def absent_inputs(lab: Divergence) -> Diagnosis | None:
