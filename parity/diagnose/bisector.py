@@ -11,7 +11,7 @@ from parity.diagnose import (capture_error, descriptor, experiments, host_moves,
                              recapture, reproducible)
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
-from parity.diagnose.state import diff_rows, max_diff, outputs, snapshot
+from parity.diagnose.state import delta, diff_rows, max_diff, outputs, snapshot
 from parity.engine.spec_decode import RunEvents
 from parity.graphs.capacity import ShortBuffers
 from parity.graphs.capture_errors import CaptureError
@@ -203,4 +203,4 @@ def _weight(entry) -> bool:
 
 def _logits_drift(logits_g, logits_r, verify_event) -> float:
     t = verify_event.dispatch.num_tokens
-    return float((logits_g[:t].float() - logits_r).abs().max())
+    return float(delta(logits_g[:t], logits_r).max())

@@ -11,7 +11,7 @@ alone, nothing isolated the cause: UNEXPLAINED, saying what was tried.
 from __future__ import annotations
 
 from parity.diagnosis.kinds import POOL_ALIAS, UNEXPLAINED
-from parity.diagnose.state import state_tensors
+from parity.diagnose.state import delta, state_tensors
 from parity.graphs.manager import restore_tensors, snapshot_tensors
 
 
@@ -47,6 +47,6 @@ def _overwrites_again(bisector, graph, verify_event, suspect_event, logits_r) ->
     logits[:t].copy_(logits_r.to(logits.dtype))
     bisector.replays += 1
     entry.graph.replay(suspect_event.meta)
-    changed = float((logits[:t].float() - logits_r).abs().max()) > bisector.tol
+    changed = float(delta(logits[:t], logits_r).max()) > bisector.tol
     restore_tensors(saved, keep)
     return changed

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from parity.diagnose.lab import Divergence
+from parity.diagnose.state import delta
 
 
 def probe_layers(lab: Divergence) -> list[str]:
@@ -18,9 +19,9 @@ def probe_layers(lab: Divergence) -> list[str]:
     theirs = _layer_outputs(lab, "ref")
     t = lab.dispatch.num_tokens
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        delta = float((a[:t] - b[:t]).abs().max())
-        if delta > lab.tol:
-            return [f"layer probe: decoder layer {i} is the first to differ ({delta:.3g}) when the forward "
+        apart = float(delta(a[:t], b[:t]).max())
+        if apart > lab.tol:
+            return [f"layer probe: decoder layer {i} is the first to differ ({apart:.3g}) when the forward "
                     "re-runs eagerly from each run's state: the state before this forward already differs"]
     return [f"layer probe: all {len(ours)} decoder layer(s) agree when the forward re-runs eagerly from the "
             "graph run's state: the difference is made inside the captured graph's replay"]

@@ -99,6 +99,15 @@ def _real(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float().clone() if tensor.is_floating_point() else tensor.clone()
 
 
+def delta(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """|x - y| elementwise in float32, where a NaN or an infinity on one side only is an infinite difference and
+    a NaN on both sides none: a graph-only NaN is a divergence, not a match."""
+    x, y = x.float(), y.float()
+    out = (x - y).abs()
+    same = (x == y) | (x.isnan() & y.isnan())
+    return torch.where(same, torch.zeros_like(out), torch.where(out.isnan(), float("inf"), out))
+
+
 def max_diff(a: dict, b: dict) -> tuple[float, list[str]]:
     """The largest difference between two outputs (inf for differing integers) and the names that differ."""
     worst, names = 0.0, []
@@ -110,7 +119,7 @@ def max_diff(a: dict, b: dict) -> tuple[float, list[str]]:
         if x.dtype in (torch.int64, torch.int32):
             d = float("inf") if bool((x != y).any()) else 0.0
         else:
-            d = float((x - y).abs().max()) if x.numel() else 0.0
+            d = float(delta(x, y).max()) if x.numel() else 0.0
         if d > 0:
             names.append(name)
         worst = max(worst, d)
@@ -122,10 +131,10 @@ def diff_rows(a: dict, b: dict, tol: float) -> list[int]:
     every other output but the KV cache (whose rows are slots, not the batch's)."""
     names = [n for n in ("logits", "hidden_states", "draft_tokens") if n in a]
     for name in names + [n for n in a if n not in names and not n.startswith("kv")]:
-        delta = (a[name].float() - b[name].float()).abs()
-        if not delta.numel():
+        apart = delta(a[name], b[name])
+        if not apart.numel():
             continue
-        per_row = delta.reshape(delta.shape[0], -1).amax(dim=1) if delta.dim() > 1 else delta
+        per_row = apart.reshape(apart.shape[0], -1).amax(dim=1) if apart.dim() > 1 else apart
         rows = [int(i) for i in torch.nonzero(per_row > tol).flatten().tolist()]
         if rows:
             return rows
