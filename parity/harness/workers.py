@@ -87,7 +87,7 @@ def serve(conn) -> None:
                                          f"{error})"))
             return
         apply_settings(context.settings)
-        if context.device.type == "cuda":
+        if context.device.type == "cuda" and context.device.index is not None:   # plain "cuda": the default one
             torch.cuda.set_device(context.device)
         conn.send(("ready", None, os.getpid()))
         while True:
