@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, run_request
 from parity.commands.memory import add_memory_options, print_run, print_session, show_plan, with_memory
+from parity.commands import tp
 from parity.commands.outputs import add_force, check_out, save_run
 from parity.harness.session import run_session
 from parity.report.console import render
@@ -21,11 +22,14 @@ def register(sub) -> None:
                      help="also run eager one request at a time (no batching, no padding) and say whether eager "
                           "itself agrees with it: a bug every mode shares is the engine's, not the graphs'")
     add_memory_options(run)
+    tp.add_tp_options(run)
     run.set_defaults(handler=main)
 
 
 def main(args) -> int:
     """Run the scenario in each mode, compare with eager, render and save the report."""
+    if args.tp != 1:
+        return tp.main(args)
     request = with_memory(run_request(args), args)
     if args.plan:
         return show_plan(request)
