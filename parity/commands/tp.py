@@ -34,7 +34,7 @@ from parity.report.artifacts import write_run
 from parity.report.atomic import write_json
 from parity.report.console import render
 from parity.report.diagnosis import diagnoses_view
-from parity.report.writers import RUN_REPORT_WRITERS
+from parity.report.writers import RUN_REPORT_WRITERS, write_diagnosis
 
 GRACE_S = 30.0      # after the first rank reports, how much longer than the timeout the others get
 
@@ -128,7 +128,8 @@ def _writers(summary: dict, folder: Path, world: int):
         for name in ("records.parquet", "tokens.parquet", "forwards.parquet"):
             if (zero / name).is_file():
                 shutil.copyfile(zero / name, staging / name)
-    return (ranks,) + (RUN_REPORT_WRITERS if "modes" in summary else ())
+    # A run stopped before any rank's verdict has no modes to report or plot: its diagnosis alone.
+    return (ranks,) + (RUN_REPORT_WRITERS if "modes" in summary else (write_diagnosis,))
 
 
 def _render(summary: dict) -> None:

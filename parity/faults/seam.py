@@ -13,6 +13,7 @@ import dataclasses
 from parity.engine.parts import EngineParts
 from parity.faults import mutations as m
 from parity.faults import runner_mutations as r
+from parity.faults import tp_mutations as tp
 from parity.faults import tree_mutations as t
 from parity.graphs.policy import CapturePolicy
 
@@ -54,6 +55,8 @@ MUTATIONS: dict[str, Mutation] = {
     "mtp-layer-index-frozen": Mutation(("proposer",), m.MtpLayerIndexFrozen),
     "mtp-padded-rows-not-skipped": Mutation(("proposer",), m.MtpPaddedRowsNotSkipped),
     "tree-mask-rebuilt": Mutation(BUILDERS, t.TreeMaskRebuilt),
+    "tp-seq-lens-rank0-only": Mutation(("target_builder",), tp.SeqLensRefreshedOnRankZero),
+    "tp-rank-pads-up": Mutation(("executor",), tp.OneRankPadsUp),
 }
 
 

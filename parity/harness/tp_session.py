@@ -12,6 +12,7 @@ is the run's verdict RANK_DIVERGENCE (docs/tp.md).
 from __future__ import annotations
 
 import dataclasses
+import os
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -42,6 +43,8 @@ def init_rank(rank: int, launch: TpLaunch) -> tp.TpContext:
     timeout = timedelta(seconds=launch.timeout_s)
     if launch.cuda:
         torch.cuda.set_device(rank)
+    else:   # the ranks share the CPU cores: oversubscribed OpenMP threads spin instead of working
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.world))
     store = dist.FileStore(str(launch.folder / "store"), launch.world)
     store.set_timeout(timeout)
     dist.init_process_group("nccl" if launch.cuda else "gloo", store=dist.PrefixStore("pg", store), rank=rank,
