@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing as mp
 from rich.console import Console
 
+from parity.builders.synth.at_load import generate_pair
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, run_request
 from parity.commands.memory import with_memory
 from parity.commands.outputs import check_out, save_run
@@ -28,7 +29,7 @@ from parity.diagnosis.panel import diagnosis_panel
 from parity.errors import ParityInputError
 from parity.harness.request import resolve_backend
 from parity.harness.tp_session import TpLaunch, run_rank, run_verdict
-from parity.models import loader, tp
+from parity.models import loader, pair, tp
 from parity.models.zoo import resolve_paths
 from parity.report.artifacts import write_run
 from parity.report.atomic import write_json
@@ -36,7 +37,10 @@ from parity.report.console import render
 from parity.report.diagnosis import diagnoses_view
 from parity.report.writers import RUN_REPORT_WRITERS, write_diagnosis
 
-GRACE_S = 30.0      # after the first rank reports, how much longer than the timeout the others get
+GRACE_S = 30.0
+# `parity models synth --at-load` pairs are drawn at load (each rank its slices): the generator is a builder,
+# which only commands may import, so the command layer hands it to the loader.
+pair.register_generator(generate_pair)      # after the first rank reports, how much longer than the timeout the others get
 
 
 def add_tp_options(p) -> None:

@@ -137,12 +137,34 @@ def shard_target(target, rank: int, world: int):
         attn.config = mlp.config = local
         attn.num_key_value_groups = local.num_attention_heads // local.num_key_value_heads
     target.config = target.hf.config = target.hf.model.config = local
+    target.tp_sharded = (rank, world)
     return target.fuse_layers()
 
 
 def shard_if_parallel(target):
-    """In a rank of a TP run: this rank's slices of `target` (TP=1: the target untouched)."""
+    """In a rank of a TP run: this rank's slices of `target` (TP=1, or built sharded already: untouched)."""
     ctx = current()
-    if ctx is None or ctx.world == 1:
+    if ctx is None or ctx.world == 1 or getattr(target, "tp_sharded", None):
         return target
     return shard_target(target, ctx.rank, ctx.world)
+
+
+def rank_slice(full: torch.Tensor, size: torch.Size, rank: int) -> torch.Tensor:
+    """This rank's block of a full tensor along the one dimension its per-rank `size` is smaller in."""
+    dims = [d for d in range(full.dim()) if full.shape[d] != size[d]]
+    if not dims:
+        return full
+    dim, width = dims[0], size[dims[0]]
+    return full.narrow(dim, rank * width, width).clone()
+
+
+def rank_config_dict(config: dict) -> dict:
+    """A config.json dict as one rank of the current TP run holds it (heads, KV heads, MLP width divided)."""
+    ctx = current()
+    if ctx is None or ctx.world == 1:
+        return config
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    return {**config, "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+            "num_attention_heads": heads // ctx.world, "num_key_value_heads": kv_heads // ctx.world,
+            "intermediate_size": config["intermediate_size"] // ctx.world}
