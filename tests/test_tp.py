@@ -119,8 +119,7 @@ def test_a_rank_that_never_posts_is_named_within_the_timeout(tmp_path):
             agree("full", "target/verify full tokens=4->8")
         assert (parted.value.rank, parted.value.forward, parted.value.found) == (1, 1, "target/verify full tokens=4->16")
     finally:
-        tp._CURRENT.clear()
-        tp._GROUPS.clear()
+        tp.deactivate()
 
 
 def test_a_rank_that_never_reports_makes_the_run_rank_divergence():

@@ -31,8 +31,7 @@ def test_a_rank_draws_its_slices_of_the_model_tp1_draws(tmp_path):
         try:
             part = generate_pair(*args)
         finally:
-            tp._CURRENT.clear()
-            tp._GROUPS.clear()
+            tp.deactivate()
         expected = tp.shard_target(generate_pair(*args).target, rank, 2).hf.state_dict()
         got = part.target.hf.state_dict()
         assert set(got) == set(expected)

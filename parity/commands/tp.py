@@ -15,6 +15,7 @@ import json
 import shutil
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from rich.console import Console
 
 from parity.builders.synth.at_load import generate_pair
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, run_request
-from parity.commands.memory import with_memory
+from parity.commands.memory import show_plan, with_memory
 from parity.commands.outputs import check_out, save_run
 from parity.diagnosis.panel import diagnosis_panel
 from parity.errors import ParityInputError
@@ -55,6 +56,8 @@ def main(args) -> int:
     request = with_memory(run_request(args), args)
     backend, device = resolve_backend(request.backend)
     _check_tp(args, device)
+    if args.plan:
+        return _rank_plan(request, args.tp)
     check_out(args)
     with tempfile.TemporaryDirectory(prefix="parity-tp-") as folder:
         launch = TpLaunch(args.tp, device.type == "cuda", Path(folder), args.tp_timeout)
@@ -71,6 +74,16 @@ def main(args) -> int:
     _render(summary)
     print(f"artifacts: {out_dir}")
     return EXIT_PASS if summary["verdict"] == "pass" else EXIT_DRIFT
+
+
+def _rank_plan(request, world: int) -> int:
+    """`--plan`: the memory plan of one rank (its slices of the target, the whole drafter), per device."""
+    tp.activate(tp.TpContext(0, world, timedelta(seconds=1)), None)
+    try:
+        print(f"the memory plan of each of the {world} ranks (docs/tp.md):")
+        return show_plan(request)
+    finally:
+        tp.deactivate()
 
 
 def _check_tp(args, device) -> None:

@@ -55,6 +55,12 @@ def activate(ctx: TpContext, group) -> None:
     _CURRENT[:] = [ctx]
 
 
+def deactivate() -> None:
+    """This process is no rank any more (TP=1 again)."""
+    _CURRENT.clear()
+    _GROUPS.clear()
+
+
 def current() -> TpContext | None:
     """This process's TP context; None outside a TP run (TP=1)."""
     return _CURRENT[0] if _CURRENT else None
