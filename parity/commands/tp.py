@@ -29,7 +29,7 @@ from parity.commands.outputs import check_out, save_run
 from parity.diagnosis.panel import diagnosis_panel
 from parity.errors import ParityInputError
 from parity.harness.request import resolve_backend
-from parity.harness.tp_session import TpLaunch, run_rank, run_verdict
+from parity.harness.tp_session import TpLaunch, leave, run_rank, run_verdict
 from parity.models import loader, pair, tp
 from parity.models.zoo import resolve_paths
 from parity.report.artifacts import write_run
@@ -65,7 +65,8 @@ def main(args) -> int:
         summaries = {r: json.loads((launch.folder / f"rank{r}" / "summary.json").read_text())
                      for r in statuses if (launch.folder / f"rank{r}" / "summary.json").is_file()}
         errors = [s for s in statuses.values() if s["status"] == "error"]
-        if errors and not any(s["status"] == "divergence" for s in statuses.values()):
+        # An error with every rank accounted for is a bug (exit 3); with a rank silent, that rank stalled.
+        if errors and len(statuses) == args.tp and not any(s["status"] == "divergence" for s in statuses.values()):
             raise RuntimeError(f"rank {errors[0]['rank']}: {errors[0]['error']}\n{errors[0]['traceback']}")
         summary = run_verdict(args.tp, statuses, summaries)
         summary["faults"] = list(args.inject)
@@ -106,14 +107,12 @@ def run_ranks(args, launch: TpLaunch) -> dict[int, dict]:
     statuses: dict[int, dict] = {}
     first_report = None
     while True:
-        for r in range(launch.world):
-            file = launch.folder / f"rank{r}.json"
-            if r not in statuses and file.is_file():
-                statuses[r] = json.loads(file.read_text())
+        _read_statuses(launch, statuses)
         alive = [p for p in context.processes if p.is_alive()]
         if not alive or len(statuses) == launch.world:
             break
-        if statuses and first_report is None:
+        # A rank that reported, or one that died without a word (a watchdog's abort): the rest get the timeout.
+        if first_report is None and (statuses or len(alive) < launch.world):
             first_report = time.monotonic()
         if first_report is not None and time.monotonic() - first_report > launch.timeout_s + GRACE_S:
             break
@@ -122,7 +121,15 @@ def run_ranks(args, launch: TpLaunch) -> dict[int, dict]:
         if p.is_alive():
             p.kill()
         p.join()
+    _read_statuses(launch, statuses)      # what a rank wrote just before it ended
     return statuses
+
+
+def _read_statuses(launch: TpLaunch, statuses: dict[int, dict]) -> None:
+    for r in range(launch.world):
+        file = launch.folder / f"rank{r}.json"
+        if r not in statuses and file.is_file():
+            statuses[r] = json.loads(file.read_text())
 
 
 def _rank_main(rank: int, args, launch: TpLaunch) -> None:
@@ -133,6 +140,7 @@ def _rank_main(rank: int, args, launch: TpLaunch) -> None:
         write_run(launch.folder / f"rank{rank}", outcome.summary, outcome.runs, RUN_REPORT_WRITERS)
     write_json(launch.folder / f"rank{rank}.json.part", status)
     (launch.folder / f"rank{rank}.json.part").rename(launch.folder / f"rank{rank}.json")
+    leave(launch)
 
 
 def _writers(summary: dict, folder: Path, world: int):

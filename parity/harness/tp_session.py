@@ -66,7 +66,11 @@ def rank_request(request: RunRequest) -> RunRequest:
 
 
 def run_rank(rank: int, launch: TpLaunch, request: RunRequest) -> tuple[dict, RunOutcome | None]:
-    """This rank's session: (status, outcome). Status `ok`, `divergence` (with what parted) or `error`."""
+    """This rank's session: (status, outcome). Status `ok`, `divergence` (with what parted) or `error`.
+
+    The process group stays up: the caller reports first, then `leave(launch)` (a rank whose peer stalled
+    must not wait on it again to tear the group down).
+    """
     outcome = None
     try:
         init_rank(rank, launch)
@@ -77,10 +81,15 @@ def run_rank(rank: int, launch: TpLaunch, request: RunRequest) -> tuple[dict, Ru
     except Exception as exc:     # a collective that timed out, or a bug: the run's verdict says which
         status = {"status": "error", "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
                   "traceback": traceback.format_exc(limit=8)}
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
     return {"rank": rank, **status}, outcome
+
+
+def leave(launch: TpLaunch) -> None:
+    """Leave the process group after reporting. NOTE: on NCCL, destroying a group whose collectives were
+    captured in CUDA graphs can hang (pytorch#115388): the process just ends, and the launcher ends it if not."""
+    if dist.is_initialized() and not launch.cuda:
+        dist.destroy_process_group()
+    tp.deactivate()
 
 
 def run_verdict(world: int, statuses: dict[int, dict], summaries: dict[int, dict]) -> dict:
