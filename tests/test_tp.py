@@ -117,7 +117,8 @@ def test_a_rank_that_never_posts_is_named_within_the_timeout(tmp_path):
         store.set("1/1", "target/verify full tokens=4->16")     # rank 1 posts another descriptor next
         with pytest.raises(RankDivergence) as parted:
             agree("full", "target/verify full tokens=4->8")
-        assert (parted.value.rank, parted.value.forward, parted.value.found) == (1, 1, "target/verify full tokens=4->16")
+        assert (parted.value.rank, parted.value.found) == (1, "target/verify full tokens=4->16")
+        assert parted.value.forward == 1      # this run's second forward
     finally:
         tp.deactivate()
 

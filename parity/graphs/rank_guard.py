@@ -50,9 +50,11 @@ def agree(mode: str, descriptor: str) -> None:
     ctx = current()
     if ctx is None or ctx.store is None:
         return
-    forward, store = ctx.forwards, ctx.store
+    # The store's key counts every exchange of the process; the forward named is this run's ordinal.
+    exchange, forward, store = ctx.forwards, ctx.run_forwards, ctx.store
     ctx.forwards += 1
-    keys = [f"{forward}/{r}" for r in range(ctx.world)]
+    ctx.run_forwards += 1
+    keys = [f"{exchange}/{r}" for r in range(ctx.world)]
     store.set(keys[ctx.rank], descriptor)
     try:
         store.wait(keys, ctx.timeout)
@@ -72,6 +74,12 @@ def _get(store, key: str) -> str | None:
 
 class RankGuard:
     """Mixin over a graph runner: every forward it runs is first agreed with the peer ranks."""
+
+    def __init__(self, owner: str, *args, **kwargs):
+        super().__init__(owner, *args, **kwargs)
+        ctx = current()
+        if ctx is not None and owner == "target":     # the target's runner is installed first in every run
+            ctx.run_forwards = 0
 
     def execute(self, dispatch: Dispatch, fn, meta):
         agree(self.mode, describe(self.owner, dispatch))

@@ -18,7 +18,7 @@ records the NCCL kernel. At TP=1 nothing here is used: no op is added.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -41,9 +41,8 @@ class TpContext:
     world: int
     timeout: timedelta
     store: object = None          # the key-value store the ranks exchange their descriptors through
-    run: int = 0                  # which engine run of this process (every rank counts alike)
-    forwards: int = 0             # descriptor exchanges so far in this run
-    extra: dict = field(default_factory=dict)
+    forwards: int = 0             # descriptor exchanges so far in this process (every rank counts alike)
+    run_forwards: int = 0         # forwards so far in the engine run in progress
 
 
 _CURRENT: list[TpContext] = []
