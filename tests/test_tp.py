@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -107,6 +108,15 @@ def test_a_rank_padding_to_another_size_ends_as_rank_divergence(tmp_path):
     assert (out / "ranks").is_dir()
 
 
+def test_a_stalled_rank_ends_the_run_as_rank_divergence_within_the_timeout(tmp_path):
+    began = time.monotonic()
+    code, summary, out = _run(tmp_path, "--inject", "tp-rank-stalls", "--tp-timeout", "4", modes="full")
+    d = summary["diagnosis"]
+    assert code == 1 and d["kind"] == "RANK_DIVERGENCE" and d["rank"] == 1 and d["stalled"]
+    assert summary["tp"]["ranks"]["1"]["status"] == "stalled"       # killed by the launcher, never reported
+    assert time.monotonic() - began < 120
+
+
 def test_a_rank_that_never_posts_is_named_within_the_timeout(tmp_path):
     store = dist.FileStore(str(tmp_path / "store"), 2)
     tp.activate(tp.TpContext(0, 2, timedelta(seconds=1), store=store), None)
@@ -132,7 +142,7 @@ def test_a_rank_that_never_reports_makes_the_run_rank_divergence():
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize("fault,expect", [(None, "pass"), ("tp-seq-lens-rank0-only", "drift"),
-                                          ("tp-rank-pads-up", "RANK_DIVERGENCE")])
+                                          ("tp-rank-pads-up", "RANK_DIVERGENCE"), ("tp-rank-stalls", "RANK_DIVERGENCE")])
 def test_gpu_tp2(fault, expect):
     with tempfile.TemporaryDirectory() as tmp:
         code, summary, _ = _run(Path(tmp), "--backend", "cuda", *(["--inject", fault] if fault else []),

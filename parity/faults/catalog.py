@@ -151,6 +151,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "tp-short", GRAPH_MODES,
           "one rank pads its target batches to the next capture size up: its graph and all-reduce have another "
           "shape than its peers' (a deadlock on NCCL); the ranks' descriptor exchange stops the run", tp=2),
+    Fault("tp-rank-stalls", RANK_DIVERGENCE, ("descriptor",), "GraphExecutor.execute (rank > 0)", "issue 33",
+          "tp-short", GRAPH_MODES,
+          "one rank blocks on the host before its third graphed forward: its peers wait for it; the descriptor "
+          "exchange times out and names it (stalled), and the launcher ends it", tp=2),
 ]}
 
 

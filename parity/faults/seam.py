@@ -57,6 +57,7 @@ MUTATIONS: dict[str, Mutation] = {
     "tree-mask-rebuilt": Mutation(BUILDERS, t.TreeMaskRebuilt),
     "tp-seq-lens-rank0-only": Mutation(("target_builder",), tp.SeqLensRefreshedOnRankZero),
     "tp-rank-pads-up": Mutation(("executor",), tp.OneRankPadsUp),
+    "tp-rank-stalls": Mutation(("executor",), tp.OneRankStalls),
 }
 
 

@@ -8,6 +8,7 @@ Each is the one-line mistake of a multi-GPU engine, written where it lives;
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from parity.faults.mutations import rebind
 from parity.graphs.modes import EAGER
@@ -37,3 +38,15 @@ class OneRankPadsUp:
             return chosen
         wider = self.dispatcher.dispatch(phase, larger[0], num_reqs, False)
         return dataclasses.replace(wider, num_tokens=num_tokens, num_reqs=num_reqs)
+
+
+class OneRankStalls:
+    """Rank 1 and above block on the host before their third graphed forward (a lock, a queue, a data loader
+    that never answers): their peers wait at the next collective for ever."""
+
+    def execute(self, dispatch, fn, meta):
+        if tp_rank() != 0 and dispatch.runtime_mode != EAGER:
+            self._graphed = getattr(self, "_graphed", 0) + 1
+            if self._graphed == 3:
+                threading.Event().wait()
+        return super().execute(dispatch, fn, meta)
