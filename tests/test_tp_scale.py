@@ -55,3 +55,19 @@ def test_the_cpu_twin_of_the_70b_check(tmp_path):
     # The TP fault: each rank's FULL graphs drift (the all-reduce spreads rank 1's stale seq_lens), eager passes.
     fault = json.loads((tmp_path / "run-inject-tp-seq-lens-rank0-only" / "summary.json").read_text())
     assert all(r["modes"] == {"eager": "pass", "full": "drift"} for r in fault["tp"]["ranks"].values())
+
+
+def test_the_70b_shape_is_the_published_one_and_writes_no_weights(tmp_path):
+    from parity.builders.synth.spec import SHAPES, target_config
+    from parity.models import memory
+
+    config = target_config(SHAPES["llama3-70b"])
+    assert memory.target_params(config) == 70_553_706_496          # Meta-Llama-3-70B
+    code, out, _ = call(["models", "synth", "--shape", "llama3-70b", "--head", "eagle1", "--at-load",
+                         "--out", str(tmp_path / "p")])
+    assert code == 0 and "--at-load" not in out
+    files = sorted(p.name for p in (tmp_path / "p").rglob("*") if p.is_file())
+    assert not [f for f in files if f.endswith(".safetensors")] and "generate.json" in files
+    code, _, err = call(["models", "synth", "--shape", "llama3-70b", "--head", "eagle3", "--at-load",
+                         "--out", str(tmp_path / "q")])
+    assert code == 2 and "only --head eagle1" in err
