@@ -25,7 +25,8 @@ def register(sub) -> None:
                        help="which embedded pair (tiny-llama3-eagle3 reuses tiny-llama3-eagle's target)")
     build.add_argument("--out", default=None, help="folder (default parity/assets/<pair>)")
     synth = models_sub.add_parser("synth", help="write a random-weights target + EAGLE head with a chosen acceptance")
-    synth.add_argument("--shape", required=True, help="llama3-8b, llama3-1b or tiny (see docs/models.md)")
+    synth.add_argument("--shape", required=True,
+                       help="llama3-8b, llama3-1b, tiny, or llama3-70b with --at-load (see docs/models.md)")
     synth.add_argument("--head", required=True,
                        help="eagle1, eagle3, mtp-deepseek or mtp-qwen3next (the published layouts; docs/mtp.md)")
     synth.add_argument("--mtp-layers", type=int, default=1,
