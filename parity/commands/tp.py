@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from rich.console import Console
 
 from parity.builders.synth.at_load import generate_pair
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, run_request
+from parity.commands.common import EXIT_DRIFT, EXIT_PASS, count, positive, run_request
 from parity.commands.memory import show_plan, with_memory
 from parity.commands.outputs import check_out, save_run
 from parity.diagnosis.panel import diagnosis_panel
@@ -45,9 +45,9 @@ pair.register_generator(generate_pair)      # after the first rank reports, how 
 
 
 def add_tp_options(p) -> None:
-    p.add_argument("--tp", type=int, default=1, metavar="N",
+    p.add_argument("--tp", type=count, default=1, metavar="N",
                    help="tensor-parallel ranks (the target sharded over N processes; docs/tp.md)")
-    p.add_argument("--tp-timeout", type=float, default=120.0, metavar="SECONDS",
+    p.add_argument("--tp-timeout", type=positive, default=120.0, metavar="SECONDS",
                    help="how long a collective or a descriptor exchange may wait for a peer rank")
 
 
@@ -88,13 +88,9 @@ def _rank_plan(request, world: int) -> int:
 
 
 def _check_tp(args, device) -> None:
-    if args.tp < 1:
-        raise ParityInputError(f"--tp {args.tp}: give a number of ranks >= 1")
     if device.type == "cuda" and torch.cuda.device_count() < args.tp:
         raise ParityInputError(f"--tp {args.tp}: this machine has {torch.cuda.device_count()} GPU(s); "
                                "one rank needs one GPU")
-    if not args.tp_timeout > 0:
-        raise ParityInputError(f"--tp-timeout {args.tp_timeout}: give seconds > 0")
     target_dir, _ = resolve_paths(args.model, args.target_path, args.draft_path)
     tp.check_divisible(loader.read_config(target_dir, model_types=("llama",)), args.tp)
 
