@@ -38,7 +38,7 @@ from parity.report.console import render
 from parity.report.diagnosis import diagnoses_view
 from parity.report.writers import RUN_REPORT_WRITERS, write_diagnosis
 
-GRACE_S = 30.0
+GRACE_S = 5.0 
 # `parity models synth --at-load` pairs are drawn at load (each rank its slices): the generator is a builder,
 # which only commands may import, so the command layer hands it to the loader.
 pair.register_generator(generate_pair)      # after the first rank reports, how much longer than the timeout the others get
