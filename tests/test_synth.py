@@ -263,7 +263,7 @@ def run_cli(capsys, args) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--shape", "llama3-70b"], "unknown shape 'llama3-70b'; known shapes: llama3-8b, llama3-1b, tiny"),
+    (["--shape", "llama3-405b"], "unknown shape 'llama3-405b'; known shapes: llama3-8b, llama3-70b, llama3-1b, tiny"),
     (["--head", "medusa"], "unknown head 'medusa'; known heads: eagle1, eagle3"),
     (["--acceptance", "0"], "--acceptance must be strictly between 0 and 1"),
     (["--acceptance", "1"], "--acceptance must be strictly between 0 and 1"),

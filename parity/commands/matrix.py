@@ -53,7 +53,8 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
                 ["--model", "local", "--target-path", str(pairs[head][0]), "--draft-path", str(pairs[head][1])]
             return ["run", *pair, "--backend", backend,
                     "--scenario", str(home_scenario(FAULTS[name], scenarios_dir)), "--modes", ",".join(MODES),
-                    "--inject", name, "--out", str(Path(tmp) / name), "--quiet", *extra]
+                    "--inject", name, "--out", str(Path(tmp) / name), "--quiet", *extra,
+                    *(["--tp", str(FAULTS[name].tp)] if FAULTS[name].tp > 1 else [])]
 
         def summary(name: str, code: int, output: str) -> dict:
             out = Path(tmp) / name
@@ -102,6 +103,10 @@ def matrix_rows(results: dict[str, dict]) -> list[list[str]]:
     for name, summary in results.items():
         row = [name]
         for mode in MODES:
+            if mode not in summary.get("modes", {}):   # a TP run stopped before any rank's verdict
+                run = summary.get("diagnosis") or {}
+                row.append(f"{run['kind']}({','.join(run['buffers'])})" if run.get("mode") == mode else "not run")
+                continue
             verdict = summary["modes"][mode]["verdict"]
             if verdict in ("pass", "not_exercised"):
                 row.append("-" if verdict == "pass" else "NOT_EXERCISED")

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from parity.commands.common import EXIT_PASS, Parser
 from parity.models.assets import write_manifest
-from parity.builders.synth.build import synthesize
+from parity.builders.synth.at_load import DEFAULT_SCALE, write_recipe
+from parity.builders.synth.build import check_out, synthesize
 from parity.builders.synth.spec import TARGET_FOLDER, SynthRequest
 from parity.models.zoo import ASSETS, ZOO, availability
 
@@ -24,7 +25,8 @@ def register(sub) -> None:
                        help="which embedded pair (tiny-llama3-eagle3 reuses tiny-llama3-eagle's target)")
     build.add_argument("--out", default=None, help="folder (default parity/assets/<pair>)")
     synth = models_sub.add_parser("synth", help="write a random-weights target + EAGLE head with a chosen acceptance")
-    synth.add_argument("--shape", required=True, help="llama3-8b, llama3-1b or tiny (see docs/models.md)")
+    synth.add_argument("--shape", required=True,
+                       help="llama3-8b, llama3-1b, tiny, or llama3-70b with --at-load (see docs/models.md)")
     synth.add_argument("--head", required=True,
                        help="eagle1, eagle3, mtp-deepseek or mtp-qwen3next (the published layouts; docs/mtp.md)")
     synth.add_argument("--mtp-layers", type=int, default=1,
@@ -35,6 +37,11 @@ def register(sub) -> None:
     synth.add_argument("--out", required=True, help="a new (or empty) folder for target/, the head and synth_info.json")
     synth.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     synth.add_argument("--device", default="auto", help="where weights are made and calibrated: auto, cpu or cuda")
+    synth.add_argument("--at-load", action="store_true",
+                       help="write configs, tokenizer and the recipe only: every run draws the weights on its device "
+                            "at load, each TP rank its slices (a 70B pair; docs/tp.md); not calibrated")
+    synth.add_argument("--scale", type=float, default=None,
+                       help="--at-load: the target's o_proj/down_proj scale (default 1e-4)")
     models.set_defaults(handler=main)
 
 
@@ -51,6 +58,14 @@ def synth(args) -> int:
     """Write a random-weights target + EAGLE head calibrated to --acceptance into --out (exit 2 on bad input)."""
     request = SynthRequest(args.shape, args.head, args.acceptance, args.dtype, args.out, args.seed, args.device,
                            args.mtp_layers)
+    if args.at_load:
+        check_out(Path(args.out))
+        write_recipe(Path(args.out), args.shape, args.head, args.seed, args.scale or DEFAULT_SCALE,
+                     request.torch_dtype)
+        print(f"wrote the recipe of {args.shape} + {args.head} in {args.out} (weights drawn at load); run it with:\n"
+              f"  parity run --tp N --model local --target-path {Path(args.out) / TARGET_FOLDER} "
+              f"--draft-path {Path(args.out) / args.head} --dtype {args.dtype}")
+        return EXIT_PASS
     synthesize(request, progress=lambda line: print(line, flush=True))
     out = Path(args.out)
     print(f"built {out}; run parity on it with:\n  parity run --model local --target-path {out / TARGET_FOLDER} "

@@ -34,15 +34,15 @@ def check_out(args) -> None:
         check_out_dir(args.out, force=args.force)
 
 
-def save_run(args, summary: dict, runs: dict, scenario_name: str) -> Path:
+def save_run(args, summary: dict, runs: dict, scenario_name: str, writers=RUN_REPORT_WRITERS) -> Path:
     """Write the run folder at --out, or at a fresh reports/<run-id>; return where it landed."""
     if args.out is None:
         ids = run_ids(summary["model"], scenario_name)
         candidates = [REPORTS / next(ids) for _ in range(_MAX_TRIES)]
-        return write_run(candidates[0], summary, runs, RUN_REPORT_WRITERS, others=candidates[1:])
+        return write_run(candidates[0], summary, runs, writers, others=candidates[1:])
     out = Path(os.path.abspath(args.out))          # "." and "x/.." name a folder too
     beside = out.with_name(f"{out.name}-{unique_suffix()}")
-    placed = write_run(out, summary, runs, RUN_REPORT_WRITERS, replace=args.force, others=[beside])
+    placed = write_run(out, summary, runs, writers, replace=args.force, others=[beside])
     if placed != out:
         raise ParityInputError(f"--out {args.out}: another run wrote there while this one ran; this run's "
                                f"artifacts are in {placed}")

@@ -6,6 +6,7 @@ import dataclasses
 
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, count, run_request
 from parity.commands.memory import add_memory_options, print_run, print_session, show_plan, with_memory
+from parity.commands import tp
 from parity.commands.outputs import add_force, check_out, save_run
 from parity.harness.session import run_session
 from parity.report.console import render
@@ -26,11 +27,14 @@ def register(sub) -> None:
                      help="runs at once, in worker processes sharing the weights (1: one after another; default: "
                           "concurrent on CUDA as far as the memory plan fits, sequential on the CPU)")
     add_memory_options(run)
+    tp.add_tp_options(run)
     run.set_defaults(handler=main)
 
 
 def main(args) -> int:
     """Run the scenario in each mode, compare with eager, render and save the report."""
+    if args.tp != 1:
+        return tp.main(args)
     request = dataclasses.replace(with_memory(run_request(args), args), jobs=args.jobs)
     if args.plan:
         return show_plan(request)

@@ -22,6 +22,7 @@ OUTPUT_ALIASED = "OUTPUT_ALIASED"
 SHORT_BUFFER = "SHORT_BUFFER"
 NOT_REFRESHED = "NOT_REFRESHED"
 NOT_EXERCISED = "NOT_EXERCISED"
+RANK_DIVERGENCE = "RANK_DIVERGENCE"
 UNEXPLAINED = "UNEXPLAINED"
 NONE = "NONE"
 
@@ -46,13 +47,16 @@ MEANING = {
     SHORT_BUFFER: "a persistent buffer holds fewer entries than a padded batch slices: a short tensor (capacity audit)",
     NOT_REFRESHED: "a static input was never written since capture (a warning: it may be constant)",
     NOT_EXERCISED: "no forward of the mode replayed a graph: a silent eager fallback proves nothing",
+    RANK_DIVERGENCE: "tensor-parallel ranks parted before a forward: one dispatched another descriptor (phase, "
+                     "runtime mode, padded shape) than rank 0, or never arrived (stalled); the run stops there",
     UNEXPLAINED: "localised, but no one-variable experiment restores parity (see what was ruled out)",
     NONE: "no divergence found",
 }
 # The classes a bug can be diagnosed as (the others say there is none, that it is not explained, or warn).
 BUG_KINDS = (BUFFER_REASSIGNED, STALE_BUFFER, FROZEN_AT_CAPTURE, PADDING_LEAK, PADDING_NUMERICS, POOL_ALIAS, CAPTURE_CONTEXT,
-             DESCRIPTOR_MISMATCH, WRONG_GRAPH, OUTPUT_ALIASED, SHORT_BUFFER, CAPTURE_ERROR)
+             DESCRIPTOR_MISMATCH, WRONG_GRAPH, OUTPUT_ALIASED, SHORT_BUFFER, CAPTURE_ERROR, RANK_DIVERGENCE)
 # Suspicions that are not errors by themselves (the panel shows them in yellow, like UNEXPLAINED).
 WARNING_KINDS = (NOT_REFRESHED,)
 # What a diagnosis' `buffers` name, for the kinds whose names are not buffers.
-NAMED = {CAPTURE_ERROR: "source", WRONG_GRAPH: "differs in", DESCRIPTOR_MISMATCH: "differs in"}
+NAMED = {CAPTURE_ERROR: "source", WRONG_GRAPH: "differs in", DESCRIPTOR_MISMATCH: "differs in",
+         RANK_DIVERGENCE: "differs in"}

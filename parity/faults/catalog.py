@@ -20,7 +20,7 @@ from pathlib import Path
 
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, CAPTURE_ERROR, DESCRIPTOR_MISMATCH,
                                    FROZEN_AT_CAPTURE, NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS,
-                                   SHORT_BUFFER, STALE_BUFFER, WRONG_GRAPH)
+                                   RANK_DIVERGENCE, SHORT_BUFFER, STALE_BUFFER, WRONG_GRAPH)
 from parity.errors import ParityInputError
 from parity.faults.mutations import LogitsOfLiveTokens
 from parity.graphs.capture_errors import source_of
@@ -44,6 +44,8 @@ class Fault:
     # The head it needs: "" the embedded tiny-llama3-eagle pair; else a `parity models synth --shape tiny
     # --head ...` pair's arguments (the MTP faults strike only MTP heads)
     head: str = ""
+    # The tensor-parallel ranks it needs (`parity run --tp N`): the TP faults strike a rank other than 0
+    tp: int = 1
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
@@ -148,6 +150,19 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "EagleProposer.__init__ (tree buffer sizes)", "SGLang #27460", "eagle-tree-wide", FULL_MODES,
           "tree drafts: the drafter's tree metadata is sized for max_num_batched_tokens, without the draft "
           "step's topk factor: a FULL graph of max_num_seqs rows of topk nodes slices past its end"),
+    Fault("tp-seq-lens-rank0-only", BUFFER_REASSIGNED, ("seq_lens",), "MetadataBuilder.write (target, rank > 0)",
+          "issue 33", "tp-short", FULL_MODES,
+          "per-rank metadata refreshed on rank 0 only: the other ranks build seq_lens into a fresh tensor, their "
+          "FULL graphs read the captured buffer, and the all-reduce spreads the stale rank's error to every rank",
+          tp=2),
+    Fault("tp-rank-pads-up", RANK_DIVERGENCE, ("descriptor",), "GraphExecutor.dispatch (rank > 0)", "issue 33",
+          "tp-short", GRAPH_MODES,
+          "one rank pads its target batches to the next capture size up: its graph and all-reduce have another "
+          "shape than its peers' (a deadlock on NCCL); the ranks' descriptor exchange stops the run", tp=2),
+    Fault("tp-rank-stalls", RANK_DIVERGENCE, ("descriptor",), "GraphExecutor.execute (rank > 0)", "issue 33",
+          "tp-short", GRAPH_MODES,
+          "one rank blocks on the host before its third graphed forward: its peers wait for it; the descriptor "
+          "exchange times out and names it (stalled), and the launcher ends it", tp=2),
 ]}
 
 

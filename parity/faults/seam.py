@@ -13,6 +13,7 @@ import dataclasses
 from parity.engine.parts import EngineParts
 from parity.faults import mutations as m
 from parity.faults import runner_mutations as r
+from parity.faults import tp_mutations as tp
 from parity.faults import tree_mutations as t
 from parity.graphs.policy import CapturePolicy
 
@@ -56,6 +57,9 @@ MUTATIONS: dict[str, Mutation] = {
     "tree-mask-rebuilt": Mutation(BUILDERS, t.TreeMaskRebuilt),
     "tree-padding-attends-live": Mutation(("drafter_builder",), t.TreePaddingAttendsLive),
     "tree-buffer-without-topk": Mutation(("proposer",), t.TreeBuffersWithoutTopk),
+    "tp-seq-lens-rank0-only": Mutation(("target_builder",), tp.SeqLensRefreshedOnRankZero),
+    "tp-rank-pads-up": Mutation(("executor",), tp.OneRankPadsUp),
+    "tp-rank-stalls": Mutation(("executor",), tp.OneRankStalls),
 }
 
 

@@ -40,6 +40,7 @@ from parity.harness.activations import (FP32, Dims, Geometry, attention_bytes, d
                                         verify_bytes)
 from parity.harness.request import load_request_scenario, resolve_backend, resolve_dtype, resolve_modes
 from parity.models import memory
+from parity.models import tp
 from parity.models.zoo import get_entry, resolve_paths
 
 GIB = 1 << 30
@@ -245,7 +246,8 @@ def plan_pair(target_dir, draft_dir, dtype: torch.dtype, scenario, modes, device
               device_memory_gib: float | None = None, shared_pool: bool = False) -> MemoryPlan | None:
     """The plan for the checkpoints in two folders (their config.json only), with the budget; None when a
     config is missing or malformed (the loader then names the file)."""
-    target, head = memory._config(target_dir), memory._config(draft_dir)
+    # NOTE: a rank of a TP run plans its own slices (docs/tp.md); the drafter is whole on every rank.
+    target, head = tp.rank_config_dict(memory._config(target_dir)), memory._config(draft_dir)
     context = target.get("max_position_embeddings")
     if context and scenario.max_model_len > context:
         # NOTE: past the model's context RoPE has no trained positions, and the paged attention walks a

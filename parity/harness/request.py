@@ -19,6 +19,7 @@ from parity.graphs.modes import EAGER, MODES
 from parity.graphs.policy import CapturePolicy
 from parity.harness.scenario import Scenario, load_scenario
 from parity.models.pair import load_pair
+from parity.models.tp import shard_if_parallel
 from parity.models.zoo import get_entry
 
 
@@ -79,8 +80,10 @@ def load_request_pair(request, device: torch.device, kv_cache_tokens: int | None
     """
     entry = get_entry(request.model)
     extra = {} if kv_cache_tokens is None else {"kv_cache_tokens": kv_cache_tokens}
-    return load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
+    pair = load_pair(request.model, target_path=request.target_path, draft_path=request.draft_path,
                      dtype=resolve_dtype(request.dtype, entry.embedded, device), device=device, **extra)
+    shard_if_parallel(pair.target)      # a rank of a TP run keeps its slices of the target (docs/tp.md)
+    return pair
 
 
 def checkpoint_paths(pair) -> dict:

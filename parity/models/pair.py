@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from parity.errors import ParityInputError
 from parity.models import loader
 from parity.models.checksum import checkpoint_checksum, config_checksum
 from parity.models.memory import DEFAULT_KV_TOKENS, check_memory
@@ -41,12 +42,29 @@ class ModelPair:
         return config_checksum(folders) if self.entry.embedded else checkpoint_checksum(folders)
 
 
+# A pair whose target folder holds RECIPE (configs and a tokenizer, no weights) is generated at load on the
+# device, each rank its own slices (`parity models synth --at-load`): the generator lives with the builders,
+# which the product never imports; the command layer registers it here.
+RECIPE = "generate.json"
+_GENERATORS: list = []
+
+
+def register_generator(generate) -> None:
+    """`generate(entry, target_dir, draft_dir, dtype, device) -> ModelPair` for folders holding RECIPE."""
+    _GENERATORS[:] = [generate]
+
+
 def load_pair(name: str, *, target_path: str | None = None, draft_path: str | None = None,
               dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
               kv_cache_tokens: int = DEFAULT_KV_TOKENS) -> ModelPair:
     """Target + head (weights cast to `dtype`, moved to `device`) and the target's tokenizer."""
     entry = get_entry(name)
     target_dir, draft_dir = resolve_paths(name, target_path, draft_path)
+    if (Path(target_dir) / RECIPE).is_file():
+        if not _GENERATORS:
+            raise ParityInputError(f"{target_dir}: a pair generated at load (it holds {RECIPE}, no weights); "
+                                   "only `parity run` / `parity bisect` generate it")
+        return _GENERATORS[0](entry, Path(target_dir), Path(draft_dir), dtype, torch.device(device))
     check_memory(name, target_dir, draft_dir, dtype, device, kv_cache_tokens)
     checkpoint = loader.read_head(draft_dir)
     aux_layers = loader.head_aux_layers(checkpoint, loader.read_config(target_dir, model_types=("llama",)))

@@ -74,6 +74,11 @@ SHAPES: dict[str, SynthShape] = {s.name: s for s in [
                head_dim=128, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
                max_position_embeddings=8192, draft_vocab_size=32000, eagle3_aux_layers=(2, 16, 29),
                description="Meta-Llama-3-8B (8.0B parameters, untied embeddings)"),
+    SynthShape("llama3-70b", num_hidden_layers=80, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
+               head_dim=128, intermediate_size=28672, vocab_size=128256, tie_word_embeddings=False,
+               max_position_embeddings=8192, draft_vocab_size=32000, eagle3_aux_layers=(2, 40, 77),
+               description="Meta-Llama-3-70B (70.6B parameters, untied embeddings); tensor parallel, generated "
+                           "on each rank's GPU at load (--at-load, docs/tp.md)"),
     SynthShape("llama3-1b", num_hidden_layers=16, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
                head_dim=64, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True,
                max_position_embeddings=131072, draft_vocab_size=32000, eagle3_aux_layers=(2, 8, 13),
