@@ -34,6 +34,10 @@ def register(sub) -> None:
     synth.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 (default) or float16")
     synth.add_argument("--out", required=True, help="a new (or empty) folder for target/, the head and synth_info.json")
     synth.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    synth.add_argument("--hybrid-every", type=int, default=0, metavar="N",
+                       help="a hybrid target: every Nth layer a recurrent (Mamba2-like) mixer (docs/hybrid.md)")
+    synth.add_argument("--hybrid", dest="hybrid_every", action="store_const", const=2,
+                       help="a hybrid target with every 2nd layer recurrent (--hybrid-every 2)")
     synth.add_argument("--device", default="auto", help="where weights are made and calibrated: auto, cpu or cuda")
     models.set_defaults(handler=main)
 
@@ -50,7 +54,7 @@ def main(args) -> int:
 def synth(args) -> int:
     """Write a random-weights target + EAGLE head calibrated to --acceptance into --out (exit 2 on bad input)."""
     request = SynthRequest(args.shape, args.head, args.acceptance, args.dtype, args.out, args.seed, args.device,
-                           args.mtp_layers)
+                           args.mtp_layers, args.hybrid_every)
     synthesize(request, progress=lambda line: print(line, flush=True))
     out = Path(args.out)
     print(f"built {out}; run parity on it with:\n  parity run --model local --target-path {out / TARGET_FOLDER} "
