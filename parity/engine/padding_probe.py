@@ -7,24 +7,23 @@ both identically and the bitwise verdict cannot see it. The probe re-runs
 padded forwards of the reference under two different poisons of everything
 that is not a live entry:
 
-- FREE padded entries (padded tokens' ids, positions, hidden states; padded
-  rows' block tables, request ids, sample rows);
+- FREE padded entries (padded tokens' ids, positions, hidden states; padded rows' block tables, request ids);
 - the tail of every batch-indexed input buffer past the padded shape, INERT
   ones included: what a correct forward at this shape never reads;
-- KV slots no request holds (free blocks and the trash row).
+- KV slots no request holds, and a hybrid target's state slots (`padding_state`).
 (`buffers.fill_like_live`: A copies live entries, B differs from A everywhere.)
 
-INERT padded entries (PAD slots, zero seq_lens, clamped query_start_loc) are
-kept as the builder wrote them: they carry meaning (a PAD slot skips the
-write), so the contract for them is their exact pad value, which is checked.
+INERT padded entries (PAD slots, zero seq_lens, clamped query_start_loc) keep
+the builder's values: they carry meaning (a PAD slot skips the write), so the
+contract for them is their exact pad value, which is checked.
 
 Live outputs (returned rows, the rows the forward declares it writes, the
-live tokens' KV rows) must agree bit for bit. When they do not, re-runs from
+live tokens' KV rows, live rows' states) must agree bit for bit. When they do not, re-runs from
 the pre-state name what leaks: a contract repair, padded KV writes landing in
 live slots, or one region's poison alone.
 
-Cost: one extra forward per probed forward, and a few per region on the first
-leak of each phase. Probed: the first forward of every distinct (owner, phase,
+Cost: one extra forward per probed forward, a few per region on the first leak
+of each phase. Probed: the first forward of every distinct (owner, phase,
 padded shape, live shape), and every `EVERY`th padded forward (a stale entry
 needs a larger batch first); the others get poison A only.
 """
@@ -38,7 +37,9 @@ import torch
 
 from parity.engine.buffers import fill_like_live
 from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing, inert_regions,
-                                           live_outputs, move_inert, off_contract, regions, restore_contract)
+                                           live_outputs, move_inert, off_contract, regions, restore_contract,
+                                           state_regions)
+from parity.engine.padding_state import STATE_KINDS, poison_state, slot_evidence
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
 # poisoned value must stay 0).
@@ -119,7 +120,7 @@ class PaddingProbe:
         self.probed += 1
         self._salt += 1
         pre = PreState(owner, dispatch)
-        every = regions(owner.buffers, dispatch)
+        every = regions(owner.buffers, dispatch) + state_regions(owner)
         run = lambda b_regions, repair=(): self._run(owner, dispatch, fn, meta, pre, every, b_regions,  # noqa: E731
                                                         repair)
         out_b, _ = run(every)
@@ -170,6 +171,7 @@ class PaddingProbe:
                            f"set to their pad values")
         leak.evidence += [f"with {', '.join(names)} padded entries set to their pad values, the two poisons give the "
                           f"same live outputs: the builder breaks the padding contract"] + why
+        leak.evidence += slot_evidence(owner, dispatch, names)
 
     def _leak(self, owner, dispatch, meta, index: int, outputs: list[str]) -> Leak:
         draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
@@ -273,9 +275,9 @@ class PaddingProbe:
 
     def _poison(self, owner, dispatch, region: Region, pattern: str) -> None:
         buffers = owner.buffers
-        if region.kind == "kv":
-            self._poison_kv(owner, pattern)
-            return
+        if region.kind in ("kv",) + STATE_KINDS:
+            return self._poison_kv(owner, pattern) if region.kind == "kv" else poison_state(owner, dispatch,
+                                                                                           region.kind, pattern)
         tensor, spec = buffers[region.buffer], buffers.spec(region.buffer)
         if region.kind == "inert":
             move_inert(tensor, spec, dispatch, self._salt)
@@ -295,5 +297,4 @@ class PaddingProbe:
 
     @staticmethod
     def _sync(owner) -> None:
-        if owner.buffers.device.type == "cuda":
-            torch.cuda.synchronize(owner.buffers.device)
+        return torch.cuda.synchronize(owner.buffers.device) if owner.buffers.device.type == "cuda" else None
