@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 import torch
 
 from parity.engine.buffers import fill_like_live
-from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing, inert_regions,
+from parity.engine.padding_contract import agreed
+from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing,
                                            live_outputs, move_inert, off_contract, regions, restore_contract,
                                            state_regions)
-from parity.engine.padding_state import STATE_KINDS, poison_state, slot_evidence
+from parity.engine.padding_state import STATE_KINDS, poison_state, sentinel_tail, slot_evidence
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
 # poisoned value must stay 0).
@@ -88,6 +89,7 @@ class PaddingProbe:
         self.leaks: list[Leak] = []
         self.localised_phases: set = set()
         self._salt = 0
+        self._holders: list[str] = []     # who holds the state slots padded rows name (`padding_state`)
 
     # --- the executor's entry --------------------------------------------------------
 
@@ -126,10 +128,8 @@ class PaddingProbe:
         out_b, _ = run(every)
         out_a, result = run([])
         changed = differing(out_a, out_b)
-        if not changed and self.inert_reads:
-            return self._inert_reads(owner, dispatch, meta, index, run, out_a, result)
         if not changed:
-            return result
+            return agreed(self, owner, dispatch, meta, index, run, out_a, result)
         leak = self._leak(owner, dispatch, meta, index, changed)
         phase = (owner.name, dispatch.phase)
         if phase not in self.localised_phases and len(self.localised_phases) < MAX_LEAKS_LOCALISED:
@@ -151,6 +151,7 @@ class PaddingProbe:
         the contract breach whose repair makes it reproduce and the two poisons agree is named; else nothing."""
         pre.restore()
         off = off_contract(owner.buffers, dispatch)
+        self._holders = slot_evidence(owner, dispatch, sorted(off))     # before a repair rewrites them
         for names in [[name] for name in sorted(off)] + ([sorted(off)] if len(off) > 1 else []):
             fixed_a, _ = run([], repair=names)
             if not differing(fixed_a, run([], repair=names)[0]) and not differing(fixed_a, run(every, repair=names)[0]):
@@ -171,7 +172,7 @@ class PaddingProbe:
                            f"set to their pad values")
         leak.evidence += [f"with {', '.join(names)} padded entries set to their pad values, the two poisons give the "
                           f"same live outputs: the builder breaks the padding contract"] + why
-        leak.evidence += slot_evidence(owner, dispatch, names)
+        leak.evidence += [line for line in self._holders if any(f" {name} " in line for name in names)]
 
     def _leak(self, owner, dispatch, meta, index: int, outputs: list[str]) -> Leak:
         draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
@@ -183,6 +184,7 @@ class PaddingProbe:
     def _localise(self, leak: Leak, owner, dispatch, meta, run, out_a, every, pre: PreState) -> None:
         pre.restore()
         off = off_contract(owner.buffers, dispatch)
+        self._holders = slot_evidence(owner, dispatch, sorted(off))     # before a repair rewrites them
         if off:
             # The smallest repair first: each breached buffer alone, then all of them.
             for names in [[name] for name in sorted(off)] + ([sorted(off)] if len(off) > 1 else []):
@@ -211,20 +213,6 @@ class PaddingProbe:
                                  f"else) changes live outputs")
         else:
             leak.evidence.append("no single poisoned region changes live outputs alone (they leak jointly)")
-
-    def _inert_reads(self, owner, dispatch, meta, index: int, run, out_a, result):
-        """Each INERT buffer's padded entries moved alone to another well-formed value: the ones a live row
-        reads (its outputs change) are a leak the two poisons cannot show, since both keep pad values."""
-        read = [r for r in inert_regions(owner.buffers, dispatch) if differing(out_a, run([r])[0])]
-        if not read:
-            return result
-        leak = self._leak(owner, dispatch, meta, index, sorted(differing(out_a, run(read)[0])))
-        leak.buffers, leak.regions, leak.kinds = sorted({r.buffer for r in read}), [r.label() for r in read], ["inert"]
-        leak.experiment = "the padded forward re-run with one INERT buffer's padded entries moved off their pad value"
-        leak.evidence = [f"moving the padded entries of {', '.join(r.buffer for r in read)} off their pad values (to "
-                         f"other well-formed values) changes live outputs: a live row reads a padded row's entry"]
-        _, result = run([])
-        return result
 
     def _padded_kv_writes(self, owner, dispatch, run, every, live_slots) -> int:
         """How many first-layer KV rows live requests own change with the poison.
@@ -284,7 +272,8 @@ class PaddingProbe:
             return
         live = spec.used(dispatch.num_tokens, dispatch.num_reqs)
         holes = spec.padded(dispatch) if region.kind == "padded" else spec.tail(dispatch, tensor.shape[0])
-        fill_like_live(tensor, live, holes, pattern, self._salt)
+        if not sentinel_tail(owner, region.buffer, tensor, holes, pattern):
+            fill_like_live(tensor, live, holes, pattern, self._salt)
 
     def _poison_kv(self, owner, pattern: str) -> None:
         ids = sorted(self.free_blocks())

@@ -5,6 +5,8 @@
   never read them, whatever padded rows wrote there; and the provisional
   states of the slots the live rows hold (region "unwritten"): the forward
   must overwrite every one of them, so no poison may survive it.
+- the tails of the state-index buffers hold the sentinel under both poisons
+  (its state differs between them), so reading past the padded rows shows;
 - read: the live rows' provisional states, per recurrent layer, bit for bit.
 Live rows' slots come from the slot holder by request id, not from the index
 buffers the forward reads (a fault may have moved those).
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 
 STATE_KINDS = ("state", "unwritten")
+STATE_INDEXES = ("state_index", "spec_index")     # `state_slots.STATE_FIELDS`
 STATE_POISON = {"A": 0.375, "B": -1.25}
 
 
@@ -29,13 +32,25 @@ def poison_state(owner, dispatch, kind: str, pattern: str) -> None:
     value = STATE_POISON[pattern]
     device = owner.buffers.device
     if kind == "state":
-        index = torch.tensor(slots.free_slots(), dtype=torch.int64, device=device)
-        for tensor in slots.tensors():
-            tensor.index_fill_(0, index, value)
+        for slot in slots.free_slots():       # each slot its own value: which one a live row reads shows
+            for tensor in slots.tensors():
+                tensor[slot] = value * (1 + slot / 8)
         return
     index = torch.tensor(live_slots(owner, dispatch), dtype=torch.int64, device=device)
     for tensor in slots.spec.values():
         tensor.index_fill_(0, index, value)
+
+
+def sentinel_tail(owner, name: str, tensor: torch.Tensor, holes: slice, pattern: str) -> bool:
+    """A state-index buffer's tail points at poisoned slots: the sentinel under poison A, the lowest free slot
+    (else the sentinel) under B. Every such slot holds its own value under each poison (`poison_state`), so a
+    live row reading the tail reads another state under each, and B in the tail alone names the buffer.
+    False (nothing done) for every other buffer."""
+    slots = getattr(owner, "state_slots", None)
+    if slots is None or name not in STATE_INDEXES:
+        return False
+    tensor[holes] = slots.sentinel if pattern == "A" else slots.free_slots()[0]
+    return True
 
 
 def state_outputs(owner, dispatch) -> dict[str, torch.Tensor]:
@@ -60,9 +75,9 @@ def slot_evidence(owner, dispatch, names) -> list[str]:
         return []
     lines = []
     for name in names:
-        spec = owner.buffers.spec(name)
-        if name not in ("state_index", "spec_index"):
+        if name not in STATE_INDEXES:
             continue
+        spec = owner.buffers.spec(name)
         padded = owner.buffers[name][spec.padded(dispatch)].tolist()
         for slot in sorted(set(padded) - {slots.sentinel}):
             holder = slots.owner_of(slot)

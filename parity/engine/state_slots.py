@@ -113,7 +113,8 @@ class StateIndexSteps:
 
     def build(self, rows, num_tokens_padded, num_reqs_padded, input_ids=None, write_input_ids=True):
         meta = super().build(rows, num_tokens_padded, num_reqs_padded, input_ids, write_input_ids)
-        self.write_state(rows, sum(r.query_len for r in rows), num_tokens_padded, num_reqs_padded)
+        if self.slots is not None:
+            self.write_state(rows, sum(r.query_len for r in rows), num_tokens_padded, num_reqs_padded)
         return meta
 
     def write_state(self, rows, num_tokens: int, num_tokens_padded: int, num_reqs_padded: int) -> None:
@@ -129,13 +130,15 @@ class StateIndexSteps:
 
     def make_view(self, num_tokens_padded, num_reqs_padded, *args):
         meta = super().make_view(num_tokens_padded, num_reqs_padded, *args)
+        if self.slots is None:
+            return meta
         for name in STATE_FIELDS:
             setattr(meta, name, self.state_view(name, num_reqs_padded))
         meta.states = self.slots
         return meta
 
     def build_dummy(self, num_tokens_padded: int, num_reqs_padded: int):
-        for name in STATE_FIELDS:
+        for name in STATE_FIELDS if self.slots is not None else ():
             self.write(name, [], num_reqs_padded, 0)
         return super().build_dummy(num_tokens_padded, num_reqs_padded)
 
@@ -155,7 +158,8 @@ def mixers_of(model) -> dict[int, tuple[int, int, int]]:
 
 
 def builder_class(model, base: type[MetadataBuilder]) -> type[MetadataBuilder]:
-    """`base` for an attention-only target; for a hybrid one, `base` with the state-index steps."""
+    """`base` for an attention-only target; for a hybrid one, `base` with the state-index steps (a fault's
+    subclass of `StateIndexSteps` already has them; on an attention-only target they do nothing)."""
     if not mixers_of(model) or issubclass(base, StateIndexSteps):
         return base
     return type(f"State{base.__name__}", (StateIndexSteps, base), {})

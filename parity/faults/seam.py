@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from parity.engine.parts import EngineParts
+from parity.faults import hybrid_mutations as h
 from parity.faults import mutations as m
 from parity.faults import runner_mutations as r
 from parity.faults import tree_mutations as t
@@ -54,6 +55,10 @@ MUTATIONS: dict[str, Mutation] = {
     "mtp-layer-index-frozen": Mutation(("proposer",), m.MtpLayerIndexFrozen),
     "mtp-padded-rows-not-skipped": Mutation(("proposer",), m.MtpPaddedRowsNotSkipped),
     "tree-mask-rebuilt": Mutation(BUILDERS, t.TreeMaskRebuilt),
+    "padded-state-rows-slot-zero": Mutation(("target_builder",), h.PaddedStateRowsSlotZero),
+    "state-index-from-tail": Mutation(("target_builder",), h.StateIndexFromTail),
+    "spec-state-into-null-block": Mutation(("target_builder",), h.SpecStateIntoNullBlock),
+    "state-padded-to-token-count": Mutation(("target_builder",), h.StatePaddedToTokenCount),
 }
 
 

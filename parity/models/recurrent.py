@@ -79,7 +79,7 @@ class RecurrentMixer(nn.Module):
 
     def _mix(self, x: torch.Tensor, qsl: torch.Tensor, start: torch.Tensor, positions: int | None):
         tokens, heads = x.shape[0], self.heads
-        q = F.normalize(self.q_proj(x).float().view(tokens, heads, -1), dim=-1) * self.key_dim ** -0.5
+        q = F.normalize(self.q_proj(x).float().view(tokens, heads, -1), dim=-1)
         k = F.normalize(self.k_proj(x).float().view(tokens, heads, -1), dim=-1)
         v = self.v_proj(x).float().view(tokens, heads, -1)
         a = -F.softplus(self.a_proj(x).float() + DECAY_BIAS)                         # [T, H]
