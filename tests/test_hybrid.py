@@ -16,10 +16,11 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from conftest import HEAD_FC_EMBED_GAIN, TARGET_BRANCH_SCALE, make_specs, tiny_llama_config
+from tests.conftest import HEAD_FC_EMBED_GAIN, TARGET_BRANCH_SCALE, make_specs, tiny_llama_config
 from parity.engine.config import EngineConfig
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.faults import seam
+from parity.faults.catalog import FAULTS
 from parity.graphs.factory import install_graphs, install_padded_reference
 from parity.engine.padding_probe import PaddingProbe
 from parity.models.eagle1 import Eagle1Head
@@ -28,7 +29,8 @@ from parity.models.paged_attention import ATTN_IMPLEMENTATION
 from parity.models.recurrent import RecurrentMixer
 
 pytestmark = pytest.mark.xdist_group("hybrid")
-CONFIG = dict(num_speculative_tokens=3, max_num_seqs=4, max_num_batched_tokens=32, block_size=4, max_model_len=64)
+CONFIG = dict(num_speculative_tokens=3, max_num_seqs=8, max_num_batched_tokens=32, block_size=4, max_model_len=64)
+GRAPH_MODES = ("piecewise", "full", "full_decode_only", "full_and_piecewise")
 MIXER_GAIN = 0.25   # the mixer's o_proj, relative to the damped attention's
 CAPTURE_SIZES = [1, 2, 4, 8, 16]   # FULL: 1, 2 or 4 rows (3 padded to 4); larger batches run eager
 
@@ -80,7 +82,7 @@ def five_modes_bitwise(pair, backend: str) -> None:
     """Every graph mode replays, equals its probed padded reference bit for bit, and emits eager's tokens."""
     config = EngineConfig(**CONFIG)
     eager = run(pair, config, specs(n=3, tokens=8))[1]
-    for mode in ("piecewise", "full", "full_decode_only", "full_and_piecewise"):
+    for mode in GRAPH_MODES:
         engine, graph, _ = run(pair, config, specs(n=3, tokens=8), mode, backend=backend)
         _, reference, probe = run(pair, config, specs(n=3, tokens=8), mode, probe=True)
         assert engine.target.executor.replays > 0, mode
@@ -89,12 +91,16 @@ def five_modes_bitwise(pair, backend: str) -> None:
         assert probe.probed > 0 and probe.leaks == [], (mode, probe.leaks)
 
 
-def fault_leaks(pair, fault: str, buffers: set, mode: str = "full") -> None:
-    """The fault's padded reference (FULL) leaks through `buffers`, isolated by an experiment."""
+def fault_leaks(pair, fault: str, mode: str) -> None:
+    """Where the catalog says the fault shows, `mode`'s padded reference leaks through the fault's buffers,
+    isolated by an experiment; elsewhere it has no leak."""
     parts, _ = seam.apply((fault,))
-    _, _, probe = run(pair, EngineConfig(**CONFIG), specs(), mode, parts=parts, probe=True)
+    _, _, probe = run(pair, EngineConfig(**CONFIG), specs(tokens=8), mode, parts=parts, probe=True)
+    if mode not in FAULTS[fault].manifests_in:
+        assert probe.leaks == [], (fault, mode, probe.leaks)
+        return
     leak = probe.leaks[0]
-    assert leak.owner == "target" and buffers <= set(leak.buffers), leak
+    assert leak.owner == "target" and set(FAULTS[fault].buffers) <= set(leak.buffers), (mode, leak)
     assert leak.experiment and leak.evidence
     if "contract" in leak.kinds:
         assert any("held by request" in line for line in leak.evidence), leak.evidence
@@ -104,7 +110,7 @@ def test_the_target_has_a_recurrent_layer(pair):
     target, _ = pair
     assert isinstance(target.hf.model.layers[1].self_attn, RecurrentMixer)
     engine = SpecDecodeEngine(*pair, EngineConfig(**CONFIG))
-    assert engine.target.state_slots.sentinel == 4 and engine.proposer.buffers is not None
+    assert engine.target.state_slots.sentinel == 8 and engine.proposer.buffers is not None
     assert "state_index" in engine.target.buffers and "state_index" not in engine.proposer.buffers
 
 
@@ -115,7 +121,7 @@ def test_speculation_is_lossless_because_rejected_states_roll_back(pair):
     assert spec.outputs == plain.outputs
     assert 0 < spec.drafts.accepted.mean() < 1          # some drafts rejected: rollback had work to do
     slots = engine.target.state_slots
-    assert slots.held == {} and slots.free_slots() == [0, 1, 2, 3, 4]   # every slot given back
+    assert slots.held == {} and slots.free_slots() == list(range(9))   # every slot given back
 
     kept_all = SpecDecodeEngine(*pair, config)
     commit = kept_all.target.state_slots.commit
@@ -127,17 +133,15 @@ def test_every_mode_is_bitwise_equal_to_its_padded_reference(pair):
     five_modes_bitwise(pair, "emulated")
 
 
-FAULT_BUFFERS = {"padded-state-rows-slot-zero": {"spec_index"}, "state-index-from-tail": {"state_index"},
-                 "spec-state-into-null-block": {"spec_state"}, "state-padded-to-token-count": {"spec_index"}}
-
-
-@pytest.mark.parametrize("fault", FAULT_BUFFERS)
-def test_each_hybrid_fault_breaks_the_state_slot_contract(pair, fault):
-    fault_leaks(pair, fault, FAULT_BUFFERS[fault])
+HYBRID_FAULTS = [name for name, fault in FAULTS.items() if fault.scenario == "hybrid"]
+@pytest.mark.parametrize("fault", HYBRID_FAULTS)
+def test_each_hybrid_fault_breaks_the_state_slot_contract_where_the_catalog_says(pair, fault):
+    for mode in GRAPH_MODES:
+        fault_leaks(pair, fault, mode)
 
 
 def test_no_false_alarm_over_ten_seeds(pair):
     config = EngineConfig(**CONFIG)
     for seed in range(10):
-        _, _, probe = run(pair, config, make_specs(4, seed=seed, max_tokens=6, max_prompt=10), "full", probe=True)
+        _, _, probe = run(pair, config, make_specs(3, seed=seed, max_tokens=5, max_prompt=10), "full", probe=True)
         assert probe.leaks == [], (seed, probe.leaks)

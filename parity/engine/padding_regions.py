@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.engine.buffers import FREE, INERT, NUM_TOKENS, BufferSpec, InputBuffers, fill_like_live
-from parity.engine.padding_state import saved_state, state_outputs
+from parity.engine.padding_state import STATE_INDEXES, saved_state, state_outputs
 from parity.graphs.host_state import host_values, restore as restore_host
 
 
@@ -54,13 +54,14 @@ def state_regions(owner) -> list[Region]:
 def inert_regions(buffers: InputBuffers, dispatch) -> list[Region]:
     """INERT buffers whose padded entries can move to another well-formed value (`move_inert`)."""
     return [Region(name, "inert") for name, _ in buffers.items()
-            if buffers.spec(name).padding == INERT and movable(buffers.spec(name))
+            if buffers.spec(name).padding == INERT and movable(buffers.spec(name), name)
             and buffers.spec(name).padded(dispatch).stop > buffers.spec(name).padded(dispatch).start]
 
 
-def movable(spec) -> bool:
-    """A PAD slot cannot move (any other value is a real slot); row starts and lengths can."""
-    return spec.pad == NUM_TOKENS or (isinstance(spec.pad, int) and spec.pad >= 0)
+def movable(spec, name: str = "") -> bool:
+    """A PAD slot cannot move (any other value is a real slot), nor a state index's sentinel (another value
+    is a live slot: padded rows would write it); row starts and lengths can."""
+    return name not in STATE_INDEXES and (spec.pad == NUM_TOKENS or (isinstance(spec.pad, int) and spec.pad >= 0))
 
 
 def move_inert(tensor: torch.Tensor, spec, dispatch, salt: int) -> None:

@@ -140,22 +140,22 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "issue 30", "eagle-tree", FULL_MODES,
           "tree drafts: the builder writes each batch's tree mask into a fresh tensor; a FULL graph keeps reading "
           "the mask it was captured with"),
-    Fault("padded-state-rows-slot-zero", PADDING_LEAK, ("state_index", "spec_index"),
-          "StateIndexSteps.write_state (hybrid)", "tokenspeed #700, AReno #509", "hybrid", FULL_MODES,
+    Fault("padded-state-rows-slot-zero", PADDING_LEAK, ("spec_index",),
+          "StateIndexSteps.write_state (hybrid)", "tokenspeed #700, AReno #509", "hybrid", GRAPH_MODES,
           "padded rows' state index is slot 0, not the sentinel: they write their state over the provisional states "
           "of the request holding slot 0", head="eagle1 --hybrid"),
     Fault("state-index-from-tail", PADDING_LEAK, ("state_index",), "StateIndexSteps.state_view (hybrid)",
           "SGLang #32555", "hybrid", GRAPH_MODES,
-          "the state-index buffer is refilled at the front but read through a view of its tail: live rows start "
-          "from other slots' states", head="eagle1 --hybrid"),
+          "the state-index buffer is refilled at the front but a padded batch reads it through a view of its tail: "
+          "live rows start from other slots' states (unpadded eager batches read the front)", head="eagle1 --hybrid"),
     Fault("spec-state-into-null-block", PADDING_LEAK, ("spec_state",), "StateIndexSteps.write_state (hybrid)",
           "intel/llm-scaler #711", "hybrid", GRAPH_MODES,
           "live rows' speculative states go into the shared null block (the sentinel slot); the commit reads what "
           "their own slots held before", head="eagle1 --hybrid"),
-    Fault("state-padded-to-token-count", PADDING_LEAK, ("state_index", "spec_index"),
-          "StateIndexSteps.write_state (hybrid)", "vLLM #45100, vllm-ascend #15461", "hybrid", FULL_MODES,
-          "request-indexed state indices padded from the token count, not the row count: padded rows of a FULL "
-          "uniform-decode batch keep slots a larger batch left there", head="eagle1 --hybrid"),
+    Fault("state-padded-to-token-count", PADDING_LEAK, ("spec_index",),
+          "StateIndexSteps.write_state (hybrid)", "vLLM #45100, vllm-ascend #15461", "hybrid", GRAPH_MODES,
+          "request-indexed state indices padded from the token count, not the row count: padded rows (fewer "
+          "than the batch's tokens) keep slots a larger batch left there", head="eagle1 --hybrid"),
 ]}
 
 

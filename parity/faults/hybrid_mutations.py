@@ -18,11 +18,18 @@ class PaddedStateRowsSlotZero(StateIndexSteps):
 
 
 class StateIndexFromTail(StateIndexSteps):
-    """SGLang #32555: the state-index buffer is refilled at the front, but the forward reads the rows'
-    committed states through a view of its tail (the last num_reqs_padded entries)."""
+    """SGLang #32555: the state-index buffer is refilled at the front, but a padded batch reads the rows'
+    committed states through a view of its tail (the last num_reqs_padded entries); an unpadded batch (eager)
+    reads the front, so only graphs replaying a padded shape go wrong."""
+
+    _live_rows = 0
+
+    def make_view(self, num_tokens_padded, num_reqs_padded, num_reqs, *args):
+        self._live_rows = num_reqs
+        return super().make_view(num_tokens_padded, num_reqs_padded, num_reqs, *args)
 
     def state_view(self, name, num_reqs_padded):
-        if name != "state_index":
+        if name != "state_index" or num_reqs_padded == self._live_rows:
             return super().state_view(name, num_reqs_padded)
         buffer = self.buffers[name]
         return buffer[buffer.shape[0] - num_reqs_padded:]
