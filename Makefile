@@ -17,13 +17,14 @@ OUT      ?=
 TORCH_CPU_VERSION ?= 2.13.0
 FUZZ_SECONDS ?= 300
 
-.PHONY: parity smoke test test-gpu bench gate models bugs clean help fuzz
+.PHONY: parity smoke test test-gpu bench gate models bugs clean help fuzz hybrid-matrix
 
 help:
 	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=the model's own] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
 	@echo "make smoke       seconds: imports, a tiny scenario in every mode, one fault named"
 	@echo "make test        CPU test suite (what CI runs), TEST_WORKERS=$(TEST_WORKERS) xdist workers"
 	@echo "make test-gpu    tests marked gpu (needs CUDA)"
+	@echo "make hybrid-matrix  the mutation matrix of the hybrid faults (docs/hybrid.md)"
 	@echo "make bench       side-by-side latency ratios"
 	@echo "make models      rebuild the embedded tiny pair under parity/assets/"
 	@echo "make fuzz        fuzz every input kind for FUZZ_SECONDS=$(FUZZ_SECONDS) s; prints examples and failures"
@@ -56,6 +57,11 @@ test: $(STAMP)
 GPU_WORKERS ?= 8
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests $(shell $(PY) -c "import xdist" 2>/dev/null && printf -- '-n %s --dist loadgroup' $(GPU_WORKERS))
+
+# The mutation matrix's cells of the hybrid faults (docs/hybrid.md): `parity run` on a tiny synth hybrid pair in
+# every mode, plain and under the numerics seam; out of make test for their CPU time.
+hybrid-matrix: $(STAMP)
+	PARITY_HYBRID_MATRIX=1 $(PY) -m pytest -p no:cacheprovider tests/test_mutation_matrix.py -k fault_is_found -n $(TEST_WORKERS) --dist loadgroup
 
 # Random hostile inputs (files, options, environments, signals; tests/fuzzcases.py, tests/fuzzenv.py) for a bounded
 # time (the suite's per-test budget grows with it);

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from parity.engine.spec_decode import SpecDecodeEngine
 from parity.faults import seam
 from parity.faults.catalog import FAULTS
 from parity.graphs.factory import install_graphs, install_padded_reference
+from parity.harness.scenario import load_scenario
 from parity.engine.padding_probe import PaddingProbe
 from parity.models.eagle1 import Eagle1Head
 from parity.models.llama import build_target
@@ -29,6 +31,7 @@ from parity.models.paged_attention import ATTN_IMPLEMENTATION
 from parity.models.recurrent import RecurrentMixer
 
 pytestmark = pytest.mark.xdist_group("hybrid")
+ROOT = Path(__file__).resolve().parent.parent
 CONFIG = dict(num_speculative_tokens=3, max_num_seqs=8, max_num_batched_tokens=32, block_size=4, max_model_len=64)
 GRAPH_MODES = ("piecewise", "full", "full_decode_only", "full_and_piecewise")
 MIXER_GAIN = 0.25   # the mixer's o_proj, relative to the damped attention's
@@ -65,16 +68,16 @@ def specs(seed: int = 3, n: int = 5, tokens: int = 10):
     return make_specs(n, seed=seed, max_tokens=tokens, max_prompt=12, stagger=1)
 
 
-def run(pair, config, specs, mode=None, parts=None, probe=False, backend="emulated"):
+def run(pair, config, specs, mode=None, parts=None, probe=False, backend="emulated", sizes=CAPTURE_SIZES):
     """One engine run: eager, `mode`'s graphs on `backend`, or (`probe`) `mode`'s padded reference probed."""
     device = pair[0].lm_head.weight.device
     engine = SpecDecodeEngine(*pair, config, device, parts=parts or seam.apply(())[0])
     found = None
     if probe:
         found = PaddingProbe(engine.free_blocks, config.block_size, lambda: engine.step)
-        install_padded_reference(engine, mode, CAPTURE_SIZES, probe=found)
+        install_padded_reference(engine, mode, sizes, probe=found)
     elif mode is not None:
-        install_graphs(engine, mode, backend, CAPTURE_SIZES)
+        install_graphs(engine, mode, backend, sizes)
     return engine, engine.run(specs), found
 
 
@@ -140,8 +143,12 @@ def test_each_hybrid_fault_breaks_the_state_slot_contract_where_the_catalog_says
         fault_leaks(pair, fault, mode)
 
 
-def test_no_false_alarm_over_ten_seeds(pair):
-    config = EngineConfig(**CONFIG)
+def test_no_false_alarm_over_ten_seeds_of_the_hybrid_scenario(pair):
+    """scenarios/hybrid.yaml's engine settings and schedule shape, ten seeds, each probed in one graph mode."""
+    scenario = load_scenario(str(ROOT / "scenarios" / "hybrid.yaml"))
     for seed in range(10):
-        _, _, probe = run(pair, config, make_specs(3, seed=seed, max_tokens=5, max_prompt=10), "full", probe=True)
-        assert probe.leaks == [], (seed, probe.leaks)
+        config = EngineConfig.of(dataclasses.replace(scenario, seed=seed))
+        requests = make_specs(scenario.num_requests, seed=seed, max_tokens=4, max_prompt=12, stagger=1)
+        mode = GRAPH_MODES[seed % len(GRAPH_MODES)]
+        _, _, probe = run(pair, config, requests, mode, probe=True, sizes=scenario.capture_sizes)
+        assert probe.probed > 0 and probe.leaks == [], (seed, mode, probe.leaks)

@@ -9,7 +9,7 @@
   (its state differs between them), so reading past the padded rows shows;
 - read: the live rows' provisional states, per recurrent layer, bit for bit.
 Live rows' slots come from the slot holder by request id, not from the index
-buffers the forward reads (a fault may have moved those).
+buffers the forward reads (a bug may have moved those).
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class StateIndexSteps:
 
 
 class StateBuilder(StateIndexSteps, MetadataBuilder):
-    """The builder of a hybrid target (faults on its state steps subclass this)."""
+    """The builder of a hybrid target (a variant of one state step subclasses `StateIndexSteps`)."""
 
 
 def mixers_of(model) -> dict[int, tuple[int, int, int]]:
@@ -158,7 +158,7 @@ def mixers_of(model) -> dict[int, tuple[int, int, int]]:
 
 
 def builder_class(model, base: type[MetadataBuilder]) -> type[MetadataBuilder]:
-    """`base` for an attention-only target; for a hybrid one, `base` with the state-index steps (a fault's
+    """`base` for an attention-only target; for a hybrid one, `base` with the state-index steps (a variant's
     subclass of `StateIndexSteps` already has them; on an attention-only target they do nothing)."""
     if not mixers_of(model) or issubclass(base, StateIndexSteps):
         return base
