@@ -38,8 +38,10 @@ SEAM = ("--simulate-padding-numerics", "0.1")
 VARIANTS = {"plain": (), "numerics": SEAM}
 # The tensor-parallel faults need --tp 2 and are not bisected: tests/test_tp.py finds each of them.
 CELLS = [(variant, name) for variant in VARIANTS for name in FAULTS if FAULTS[name].tp == 1]
-# Faults whose home scenario costs more than make test's budget holds: make test-costly runs them.
-COSTLY = ("tree-padding-attends-live", "tree-buffer-without-topk")
+# Faults whose home scenario costs more than make test's budget holds (the tree faults' scenarios; the hybrid
+# faults' synth pair): make test-costly runs them, and tests/test_hybrid.py finds the hybrid ones in make test.
+COSTLY = ("tree-padding-attends-live", "tree-buffer-without-topk") + tuple(
+    name for name, fault in FAULTS.items() if fault.scenario == "hybrid")
 
 
 def run_cell(variant: str, name: str) -> dict:

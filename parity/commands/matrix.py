@@ -81,10 +81,13 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
 
 def tiny_pair(head: str, out: Path) -> tuple[Path, Path]:
     """(target, draft) folders of `parity models synth --shape tiny --head <head>` written into `out`: acceptance
-    0.8, seed 0, float32, on the CPU (a few seconds). `head` is the catalog's: "mtp-deepseek [--mtp-layers N]"."""
+    0.8, seed 0, float32, on the CPU (a few seconds). `head` is the catalog's: "mtp-deepseek [--mtp-layers N]",
+    "eagle1 --hybrid"."""
     words = head.split()
     layers = int(words[words.index("--mtp-layers") + 1]) if "--mtp-layers" in words else 1
-    synthesize(SynthRequest("tiny", words[0], 0.8, "float32", str(out), 0, "cpu", layers), progress=lambda _: None)
+    hybrid = 2 if "--hybrid" in words else 0
+    synthesize(SynthRequest("tiny", words[0], 0.8, "float32", str(out), 0, "cpu", layers, hybrid),
+               progress=lambda _: None)
     return out / TARGET_FOLDER, out / words[0]
 
 

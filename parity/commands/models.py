@@ -36,6 +36,10 @@ def register(sub) -> None:
     synth.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 (default) or float16")
     synth.add_argument("--out", required=True, help="a new (or empty) folder for target/, the head and synth_info.json")
     synth.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    synth.add_argument("--hybrid-every", type=int, default=0, metavar="N",
+                       help="a hybrid target: every Nth layer a recurrent (Mamba2-like) mixer (docs/hybrid.md)")
+    synth.add_argument("--hybrid", dest="hybrid_every", action="store_const", const=2,
+                       help="a hybrid target with every 2nd layer recurrent (--hybrid-every 2)")
     synth.add_argument("--device", default="auto", help="where weights are made and calibrated: auto, cpu or cuda")
     synth.add_argument("--at-load", action="store_true",
                        help="write configs, tokenizer and the recipe only: every run draws the weights on its device "
@@ -57,7 +61,7 @@ def main(args) -> int:
 def synth(args) -> int:
     """Write a random-weights target + EAGLE head calibrated to --acceptance into --out (exit 2 on bad input)."""
     request = SynthRequest(args.shape, args.head, args.acceptance, args.dtype, args.out, args.seed, args.device,
-                           args.mtp_layers)
+                           args.mtp_layers, args.hybrid_every)
     if args.at_load:
         check_out(Path(args.out))
         write_recipe(Path(args.out), args.shape, args.head, args.seed, args.scale or DEFAULT_SCALE,

@@ -7,24 +7,23 @@ both identically and the bitwise verdict cannot see it. The probe re-runs
 padded forwards of the reference under two different poisons of everything
 that is not a live entry:
 
-- FREE padded entries (padded tokens' ids, positions, hidden states; padded
-  rows' block tables, request ids, sample rows);
+- FREE padded entries (padded tokens' ids, positions, hidden states; padded rows' block tables, request ids);
 - the tail of every batch-indexed input buffer past the padded shape, INERT
   ones included: what a correct forward at this shape never reads;
-- KV slots no request holds (free blocks and the trash row).
+- KV slots no request holds, and a hybrid target's state slots (`padding_state`).
 (`buffers.fill_like_live`: A copies live entries, B differs from A everywhere.)
 
-INERT padded entries (PAD slots, zero seq_lens, clamped query_start_loc) are
-kept as the builder wrote them: they carry meaning (a PAD slot skips the
-write), so the contract for them is their exact pad value, which is checked.
+INERT padded entries (PAD slots, zero seq_lens, clamped query_start_loc) keep
+the builder's values: they carry meaning (a PAD slot skips the write), so the
+contract for them is their exact pad value, which is checked.
 
 Live outputs (returned rows, the rows the forward declares it writes, the
-live tokens' KV rows) must agree bit for bit. When they do not, re-runs from
+live tokens' KV rows, live rows' states) must agree bit for bit. When they do not, re-runs from
 the pre-state name what leaks: a contract repair, padded KV writes landing in
 live slots, or one region's poison alone.
 
-Cost: one extra forward per probed forward, and a few per region on the first
-leak of each phase. Probed: the first forward of every distinct (owner, phase,
+Cost: one extra forward per probed forward, a few per region on the first leak
+of each phase. Probed: the first forward of every distinct (owner, phase,
 padded shape, live shape), and every `EVERY`th padded forward (a stale entry
 needs a larger batch first); the others get poison A only.
 """
@@ -37,8 +36,11 @@ from dataclasses import dataclass, field
 import torch
 
 from parity.engine.buffers import fill_like_live
-from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing, inert_regions,
-                                           live_outputs, move_inert, off_contract, regions, restore_contract)
+from parity.engine.padding_contract import agreed
+from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing,
+                                           live_outputs, move_inert, off_contract, regions, restore_contract,
+                                           state_regions)
+from parity.engine.padding_state import STATE_KINDS, poison_state, sentinel_tail, slot_evidence
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
 # poisoned value must stay 0).
@@ -87,6 +89,7 @@ class PaddingProbe:
         self.leaks: list[Leak] = []
         self.localised_phases: set = set()
         self._salt = 0
+        self._holders: list[str] = []     # who holds the state slots padded rows name (`padding_state`)
 
     # --- the executor's entry --------------------------------------------------------
 
@@ -119,16 +122,14 @@ class PaddingProbe:
         self.probed += 1
         self._salt += 1
         pre = PreState(owner, dispatch)
-        every = regions(owner.buffers, dispatch)
+        every = regions(owner.buffers, dispatch) + state_regions(owner)
         run = lambda b_regions, repair=(): self._run(owner, dispatch, fn, meta, pre, every, b_regions,  # noqa: E731
                                                         repair)
         out_b, _ = run(every)
         out_a, result = run([])
         changed = differing(out_a, out_b)
-        if not changed and self.inert_reads:
-            return self._inert_reads(owner, dispatch, meta, index, run, out_a, result)
         if not changed:
-            return result
+            return agreed(self, owner, dispatch, meta, index, run, out_a, result)
         leak = self._leak(owner, dispatch, meta, index, changed)
         phase = (owner.name, dispatch.phase)
         if phase not in self.localised_phases and len(self.localised_phases) < MAX_LEAKS_LOCALISED:
@@ -150,6 +151,7 @@ class PaddingProbe:
         the contract breach whose repair makes it reproduce and the two poisons agree is named; else nothing."""
         pre.restore()
         off = off_contract(owner.buffers, dispatch)
+        self._holders = slot_evidence(owner, dispatch, sorted(off))     # before a repair rewrites them
         for names in [[name] for name in sorted(off)] + ([sorted(off)] if len(off) > 1 else []):
             fixed_a, _ = run([], repair=names)
             if not differing(fixed_a, run([], repair=names)[0]) and not differing(fixed_a, run(every, repair=names)[0]):
@@ -170,6 +172,7 @@ class PaddingProbe:
                            f"set to their pad values")
         leak.evidence += [f"with {', '.join(names)} padded entries set to their pad values, the two poisons give the "
                           f"same live outputs: the builder breaks the padding contract"] + why
+        leak.evidence += [line for line in self._holders if any(f" {name} " in line for name in names)]
 
     def _leak(self, owner, dispatch, meta, index: int, outputs: list[str]) -> Leak:
         draft_step = getattr(meta, "draft_step", None) if owner.name != "target" else None
@@ -181,6 +184,7 @@ class PaddingProbe:
     def _localise(self, leak: Leak, owner, dispatch, meta, run, out_a, every, pre: PreState) -> None:
         pre.restore()
         off = off_contract(owner.buffers, dispatch)
+        self._holders = slot_evidence(owner, dispatch, sorted(off))     # before a repair rewrites them
         if off:
             # The smallest repair first: each breached buffer alone, then all of them.
             for names in [[name] for name in sorted(off)] + ([sorted(off)] if len(off) > 1 else []):
@@ -209,20 +213,6 @@ class PaddingProbe:
                                  f"else) changes live outputs")
         else:
             leak.evidence.append("no single poisoned region changes live outputs alone (they leak jointly)")
-
-    def _inert_reads(self, owner, dispatch, meta, index: int, run, out_a, result):
-        """Each INERT buffer's padded entries moved alone to another well-formed value: the ones a live row
-        reads (its outputs change) are a leak the two poisons cannot show, since both keep pad values."""
-        read = [r for r in inert_regions(owner.buffers, dispatch) if differing(out_a, run([r])[0])]
-        if not read:
-            return result
-        leak = self._leak(owner, dispatch, meta, index, sorted(differing(out_a, run(read)[0])))
-        leak.buffers, leak.regions, leak.kinds = sorted({r.buffer for r in read}), [r.label() for r in read], ["inert"]
-        leak.experiment = "the padded forward re-run with one INERT buffer's padded entries moved off their pad value"
-        leak.evidence = [f"moving the padded entries of {', '.join(r.buffer for r in read)} off their pad values (to "
-                         f"other well-formed values) changes live outputs: a live row reads a padded row's entry"]
-        _, result = run([])
-        return result
 
     def _padded_kv_writes(self, owner, dispatch, run, every, live_slots) -> int:
         """How many first-layer KV rows live requests own change with the poison.
@@ -273,16 +263,17 @@ class PaddingProbe:
 
     def _poison(self, owner, dispatch, region: Region, pattern: str) -> None:
         buffers = owner.buffers
-        if region.kind == "kv":
-            self._poison_kv(owner, pattern)
-            return
+        if region.kind in ("kv",) + STATE_KINDS:
+            return self._poison_kv(owner, pattern) if region.kind == "kv" else poison_state(owner, dispatch,
+                                                                                           region.kind, pattern)
         tensor, spec = buffers[region.buffer], buffers.spec(region.buffer)
         if region.kind == "inert":
             move_inert(tensor, spec, dispatch, self._salt)
             return
         live = spec.used(dispatch.num_tokens, dispatch.num_reqs)
         holes = spec.padded(dispatch) if region.kind == "padded" else spec.tail(dispatch, tensor.shape[0])
-        fill_like_live(tensor, live, holes, pattern, self._salt)
+        if not sentinel_tail(owner, region.buffer, tensor, holes, pattern):
+            fill_like_live(tensor, live, holes, pattern, self._salt)
 
     def _poison_kv(self, owner, pattern: str) -> None:
         ids = sorted(self.free_blocks())
@@ -295,5 +286,4 @@ class PaddingProbe:
 
     @staticmethod
     def _sync(owner) -> None:
-        if owner.buffers.device.type == "cuda":
-            torch.cuda.synchronize(owner.buffers.device)
+        return torch.cuda.synchronize(owner.buffers.device) if owner.buffers.device.type == "cuda" else None

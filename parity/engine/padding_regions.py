@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.engine.buffers import FREE, INERT, NUM_TOKENS, BufferSpec, InputBuffers, fill_like_live
+from parity.engine.padding_state import STATE_INDEXES, saved_state, state_outputs
 from parity.graphs.host_state import host_values, restore as restore_host
 
 
@@ -22,7 +23,9 @@ class Region:
     def label(self) -> str:
         return {"padded": f"{self.buffer} padded entries", "tail": f"{self.buffer} tail past the padded shape",
                 "kv": "KV slots no live request owns",
-                "inert": f"{self.buffer} padded entries (at their pad value) read for a live row"}[self.kind]
+                "inert": f"{self.buffer} padded entries (at their pad value) read for a live row",
+                "state": "recurrent state slots no live row holds (the sentinel included)",
+                "unwritten": "live rows' provisional state slots (the forward must overwrite them)"}[self.kind]
 
 
 def regions(buffers: InputBuffers, dispatch) -> list[Region]:
@@ -41,16 +44,24 @@ def regions(buffers: InputBuffers, dispatch) -> list[Region]:
     return found + [Region("kv_cache", "kv")]
 
 
+def state_regions(owner) -> list[Region]:
+    """The state regions (`padding_state`) of an owner with state slots: none for attention-only ones."""
+    if getattr(owner, "state_slots", None) is None:
+        return []
+    return [Region("state_slots", "state"), Region("spec_state", "unwritten")]
+
+
 def inert_regions(buffers: InputBuffers, dispatch) -> list[Region]:
     """INERT buffers whose padded entries can move to another well-formed value (`move_inert`)."""
     return [Region(name, "inert") for name, _ in buffers.items()
-            if buffers.spec(name).padding == INERT and movable(buffers.spec(name))
+            if buffers.spec(name).padding == INERT and movable(buffers.spec(name), name)
             and buffers.spec(name).padded(dispatch).stop > buffers.spec(name).padded(dispatch).start]
 
 
-def movable(spec) -> bool:
-    """A PAD slot cannot move (any other value is a real slot); row starts and lengths can."""
-    return spec.pad == NUM_TOKENS or (isinstance(spec.pad, int) and spec.pad >= 0)
+def movable(spec, name: str = "") -> bool:
+    """A PAD slot cannot move (any other value is a real slot), nor a state index's sentinel (another value
+    is a live slot: padded rows would write it); row starts and lengths can."""
+    return name not in STATE_INDEXES and (spec.pad == NUM_TOKENS or (isinstance(spec.pad, int) and spec.pad >= 0))
 
 
 def move_inert(tensor: torch.Tensor, spec, dispatch, salt: int) -> None:
@@ -76,6 +87,7 @@ class PreState:
         live = slots[: dispatch.num_tokens]
         self.live_rows = live[live >= 0]
         self.kv = [(c, c.index_select(0, self.rows)) for c in caches]
+        self.buffers += saved_state(owner)
 
     def restore(self) -> None:
         for live, saved in self.buffers:
@@ -122,7 +134,7 @@ def live_outputs(owner, dispatch, result, kv_rows) -> dict[str, torch.Tensor]:
         out[name] = owner.buffers[name][live].clone()
     for layer, cache in enumerate(owner.kv_cache.tensors()):
         out[f"kv_cache[{layer}] live slots"] = cache.index_select(0, kv_rows)
-    return out
+    return {**out, **state_outputs(owner, dispatch)}
 
 
 def _live_rows(tensor: torch.Tensor, dispatch) -> torch.Tensor:

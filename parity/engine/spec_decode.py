@@ -197,6 +197,7 @@ class SpecDecodeEngine:
         else:
             records.record_step(step, rows, starts, emitted, verified, logits, k)
         self._finish(rows)
+        target.settle(rows, plans, emitted)
 
     def _draft(self, step, rows, plans, starts, emitted, features, records):
         """Draft prefill over the verified tokens, then K-1 draft decode steps.

@@ -8,6 +8,7 @@ from parity.engine.buffers import InputBuffers, register_attention_buffers
 from parity.engine.config import EngineConfig
 from parity.engine.kv_cache import PagedKVCache
 from parity.engine.metadata import MetadataBuilder
+from parity.engine import state_slots
 from parity.engine.owner import Forward, Owner
 from parity.engine.tree_metadata import register_tree_buffers
 
@@ -29,12 +30,23 @@ class TargetRunner(Owner):
         head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
         self.kv_cache = PagedKVCache(mc.num_hidden_layers, config.num_blocks, config.block_size,
                                      mc.num_key_value_heads, head_dim, model.lm_head.weight.dtype, device)
+        builder_class = state_slots.builder_class(model, builder_class)
         self.builder = builder_class(self.buffers, self.kv_cache, config.block_size, config.max_model_len,
                                      config.sliding_window, config.sliding_window_layers)
+        # A hybrid target's recurrent state (None for attention only): `state_slots`.
+        self.state_slots = state_slots.attach(self, config, device)
 
     def forwards(self) -> tuple[Forward, ...]:
         return (Forward("verify", self.verify, self.config.max_num_batched_tokens,
                         self.config.tree_width + 1, ("logits", "features")),)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return super().state_tensors() + (self.state_slots.tensors() if self.state_slots else [])
+
+    def settle(self, rows, plans, emitted) -> None:
+        """After sampling: commit the recurrent state each row kept (hybrid targets; nothing otherwise)."""
+        if self.state_slots is not None:
+            self.state_slots.settle(rows, plans, emitted)
 
     def decoder_layers(self) -> list[torch.nn.Module]:
         return list(self.model.decoder_layers())

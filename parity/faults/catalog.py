@@ -163,6 +163,22 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "tp-short", GRAPH_MODES,
           "one rank blocks on the host before its third graphed forward: its peers wait for it; the descriptor "
           "exchange times out and names it (stalled), and the launcher ends it", tp=2),
+    Fault("padded-state-rows-slot-zero", PADDING_LEAK, ("spec_index",),
+          "StateIndexSteps.write_state (hybrid)", "tokenspeed #700, AReno #509", "hybrid", GRAPH_MODES,
+          "padded rows' state index is slot 0, not the sentinel: they write their state over the provisional states "
+          "of the request holding slot 0", head="eagle1 --hybrid"),
+    Fault("state-index-from-tail", PADDING_LEAK, ("state_index",), "StateIndexSteps.state_view (hybrid)",
+          "SGLang #32555", "hybrid", GRAPH_MODES,
+          "the state-index buffer is refilled at the front but a padded batch reads it through a view of its tail: "
+          "live rows start from other slots' states (unpadded eager batches read the front)", head="eagle1 --hybrid"),
+    Fault("spec-state-into-null-block", PADDING_LEAK, ("spec_state",), "StateIndexSteps.write_state (hybrid)",
+          "intel/llm-scaler #711", "hybrid", GRAPH_MODES,
+          "live rows' speculative states go into the shared null block (the sentinel slot); the commit reads what "
+          "their own slots held before", head="eagle1 --hybrid"),
+    Fault("state-padded-to-token-count", PADDING_LEAK, ("spec_index",),
+          "StateIndexSteps.write_state (hybrid)", "vLLM #45100, vllm-ascend #15461", "hybrid", GRAPH_MODES,
+          "request-indexed state indices padded from the token count, not the row count: padded rows (fewer "
+          "than the batch's tokens) keep slots a larger batch left there", head="eagle1 --hybrid"),
 ]}
 
 

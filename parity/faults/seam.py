@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from parity.engine.parts import EngineParts
+from parity.faults import hybrid_mutations as h
 from parity.faults import mutations as m
 from parity.faults import runner_mutations as r
 from parity.faults import tp_mutations as tp
@@ -60,6 +61,10 @@ MUTATIONS: dict[str, Mutation] = {
     "tp-seq-lens-rank0-only": Mutation(("target_builder",), tp.SeqLensRefreshedOnRankZero),
     "tp-rank-pads-up": Mutation(("executor",), tp.OneRankPadsUp),
     "tp-rank-stalls": Mutation(("executor",), tp.OneRankStalls),
+    "padded-state-rows-slot-zero": Mutation(("target_builder",), h.PaddedStateRowsSlotZero),
+    "state-index-from-tail": Mutation(("target_builder",), h.StateIndexFromTail),
+    "spec-state-into-null-block": Mutation(("target_builder",), h.SpecStateIntoNullBlock),
+    "state-padded-to-token-count": Mutation(("target_builder",), h.StatePaddedToTokenCount),
 }
 
 

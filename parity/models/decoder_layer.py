@@ -55,7 +55,9 @@ def norm_input(layer: LlamaDecoderLayer, hidden: torch.Tensor,
 def layer_body(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and MLP of one layer on its normed input: (mlp output, residual); their sum is the layer's output."""
-    attn_out = _attention(layer.self_attn, normed, cos, sin, meta)
+    mixer = layer.self_attn
+    # A hybrid target's recurrent layers (`recurrent.RecurrentMixer`) mix over their state slots instead.
+    attn_out = mixer.mix(normed, meta) if hasattr(mixer, "mix") else _attention(mixer, normed, cos, sin, meta)
     post = layer.post_attention_layernorm
     normed, residual = fused_ops.add_rms_norm(attn_out, residual, post.weight, post.variance_epsilon)
     return _mlp(layer.mlp, normed), residual

@@ -17,6 +17,7 @@ from parity.models import fused_ops
 from parity.models.decoder_layer import layer_body, norm_input, rope_tables
 from parity.models.fused_weights import FusedLayers
 from parity.models.paged_attention import ATTN_IMPLEMENTATION, one_forward
+from parity.models.recurrent import hybridize
 
 
 def paged_config(config: LlamaConfig) -> LlamaConfig:
@@ -80,4 +81,5 @@ class TargetModel(FusedLayers):
 def build_target(config: LlamaConfig, aux_layers: tuple[int, ...] = ()) -> TargetModel:
     """A randomly initialised target for `config`, in eval mode."""
     model = LlamaForCausalLM(paged_config(config))
+    hybridize(model)
     return TargetModel(model.eval(), aux_layers)

@@ -33,6 +33,7 @@ from parity.models.checkpoint import (IGNORED_SUFFIXES, assign_weights, check_ke
 from parity.models.eagle1 import Eagle1Head
 from parity.models.eagle3 import INTERNAL_NAMES, Eagle3Head, aux_layer_ids, draft_vocab_size
 from parity.models.llama import TargetModel, paged_config
+from parity.models.recurrent import hybridize
 from parity.models.mtp_loader import build_mtp, drop_mtp_tensors, mtp_layout, select_mtp_tensors
 
 TOKENIZER_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "clean_up_tokenization_spaces",
@@ -52,6 +53,7 @@ def load_target(path, dtype: torch.dtype = torch.float32, aux_layers: tuple[int,
         state.pop("lm_head.weight", None)
     with torch.device("meta"):
         model = LlamaForCausalLM(paged_config(config))
+        hybridize(model)
     check_keys(state, expected_keys(model, ("lm_head.",) if tied else ()), file)
     if tied:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]

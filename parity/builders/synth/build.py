@@ -118,7 +118,7 @@ def synthesize(request: SynthRequest, progress: Callable[[str], None] = print) -
 
 def _build(request: SynthRequest, device: torch.device, staging: Path, progress) -> dict:
     shape, dtype, seed = request.spec, request.torch_dtype, request.seed
-    config = LlamaConfig.from_dict(target_config(shape))
+    config = LlamaConfig.from_dict(target_config(shape, request.recurrent_layers))
     # NOTE: calibration runs transformers' stock attention; the harness later loads the
     # same files with its paged attention.
     config._attn_implementation = "sdpa"
@@ -145,7 +145,7 @@ def _build(request: SynthRequest, device: torch.device, staging: Path, progress)
     else:
         tokens = calibration_tokens(frequent, seed).to(device)
         head_state = synth_weights.eagle1_state(head_cfg, shape, target, seed, tokens, dtype, device)
-    _write_target(target, shape, dtype, staging / TARGET_FOLDER, progress)
+    _write_target(target, shape, dtype, staging / TARGET_FOLDER, progress, request.recurrent_layers)
     del target
     _write_folder(head_state, raw_head_config, dtype, staging / request.head, progress)
     info = synth_info(request, device, calibration)
@@ -170,11 +170,11 @@ def _write_folder(state: dict, raw_config: dict, dtype: torch.dtype, folder: Pat
     progress(f"wrote {folder.name}/: {', '.join(f.name for f in files)}")
 
 
-def _write_target(target, shape: SynthShape, dtype: torch.dtype, folder: Path, progress) -> None:
+def _write_target(target, shape: SynthShape, dtype: torch.dtype, folder: Path, progress, recurrent=()) -> None:
     state = {k: v for k, v in target.state_dict().items() if "rotary_emb" not in k}
     if shape.tie_word_embeddings:
         state.pop("lm_head.weight")   # tied: transformers re-ties it on load, as for Llama-3.2-1B
-    _write_folder(state, target_config(shape), dtype, folder, progress)
+    _write_folder(state, target_config(shape, recurrent), dtype, folder, progress)
     write_tokenizer(folder, shape.vocab_size, shape.max_position_embeddings)
 
 
@@ -185,7 +185,7 @@ def synth_info(request: SynthRequest, device: torch.device, calibration: Calibra
 
     shape = request.spec
     return {
-        "shape": shape.name, "head": request.head, "mtp_layers": request.mtp_layers, "seed": request.seed, "dtype": request.dtype,
+        "shape": shape.name, "head": request.head, "recurrent_layers": list(request.recurrent_layers), "mtp_layers": request.mtp_layers, "seed": request.seed, "dtype": request.dtype,
         "device": device.type, "acceptance_requested": request.acceptance,
         "scale": calibration.scale, "agreement": round(calibration.agreement, 6),
         "calibration": {"positions": calibration.positions, "start_scale": START, "tolerance": TOLERANCE,

@@ -102,6 +102,7 @@ class SynthRequest:
     seed: int = 0
     device: str = "auto"
     mtp_layers: int = 1      # MTP heads: num_nextn_predict_layers
+    hybrid_every: int = 0    # a hybrid target: every Nth layer (N-1, 2N-1, ...) a recurrent mixer; 0: attention only
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -118,12 +119,24 @@ class SynthRequest:
             raise ParityInputError(f"--mtp-layers must be an integer in 1..{MAX_MTP_LAYERS}, got {self.mtp_layers!r}")
         if self.mtp_layers != 1 and not self.head.startswith("mtp-"):
             raise ParityInputError(f"--mtp-layers is for the MTP heads (mtp-deepseek, mtp-qwen3next), not {self.head}")
+        if not isinstance(self.hybrid_every, int) or not 0 <= self.hybrid_every <= self.spec.num_hidden_layers:
+            raise ParityInputError(f"--hybrid-every must be an integer in 1..{self.spec.num_hidden_layers} for shape "
+                                   f"{self.shape}, got {self.hybrid_every!r}")
+        if self.hybrid_every and self.head != "eagle1":
+            raise ParityInputError(f"--hybrid targets are built with the eagle1 head (the drafter stays attention-only), "
+                                   f"not {self.head}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ParityInputError(f"--seed must be a non-negative integer, got {self.seed!r}")
 
     @property
     def spec(self) -> SynthShape:
         return SHAPES[self.shape]
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        """The target layers that are recurrent mixers (`parity/models/recurrent.py`)."""
+        every = self.hybrid_every
+        return tuple(range(every - 1, self.spec.num_hidden_layers, every)) if every else ()
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -144,9 +157,12 @@ def _rope(shape: SynthShape) -> dict:
     return rope
 
 
-def target_config(shape: SynthShape) -> dict:
-    """config.json of the target: a LlamaForCausalLM of `shape` (dtype is added when written)."""
-    return {
+def target_config(shape: SynthShape, recurrent_layers: tuple[int, ...] = ()) -> dict:
+    """config.json of the target: a LlamaForCausalLM of `shape` (dtype is added when written); a hybrid one
+    names its `recurrent_layers`, each a mixer of `num_key_value_heads` heads of min(64, head_dim) dims."""
+    hybrid = {"recurrent_layers": list(recurrent_layers), "recurrent_heads": shape.num_key_value_heads,
+              "recurrent_head_dim": min(64, shape.head_dim)} if recurrent_layers else {}
+    return {**hybrid,
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "num_hidden_layers": shape.num_hidden_layers, "hidden_size": shape.hidden_size,
         "num_attention_heads": shape.num_attention_heads, "num_key_value_heads": shape.num_key_value_heads,

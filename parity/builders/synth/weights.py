@@ -44,6 +44,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from parity.models.eagle1 import Eagle1Head
 from parity.models.eagle3 import Eagle3Head
+from parity.models.recurrent import hybridize
 from parity.builders.synth.spec import SynthShape
 
 INIT_STD = 0.02             # Llama's initializer_range
@@ -109,6 +110,7 @@ def build_target(shape: SynthShape, config: LlamaConfig, seed: int, scale: float
     """A LlamaForCausalLM with the recipe's weights, built on the meta device and filled on `device`."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
+        hybridize(model)      # a hybrid target's recurrent layers: their o_proj is scaled like attention's
     state = {}
     for name, meta in model.state_dict().items():
         if shape.tie_word_embeddings and name == "lm_head.weight":
