@@ -32,6 +32,20 @@ def test_an_exception_in_the_tools_own_code_is_not_a_verdict():
     assert engine_crash(raised.value, step=0) is None
 
 
+def test_the_tools_own_exception_raised_through_the_engine_is_not_a_verdict():
+    from parity.engine import tree
+    from parity.graphs import rank_guard
+    from parity.harness.crashes import engine_crash
+
+    tool = {"__file__": rank_guard.__file__, "__name__": "fake"}
+    _raise_in(tool, "def check():\n    raise RuntimeError('a verdict of the tool')\n")
+    engine = {"__file__": tree.__file__, "__name__": "fake", "check": tool["check"]}
+    _raise_in(engine, "def forward():\n    check()\n")
+    with pytest.raises(RuntimeError) as raised:
+        engine["forward"]()
+    assert engine_crash(raised.value, step=0) is None
+
+
 def test_a_crashed_mode_drifts_with_the_reason_and_a_failing_gate_check():
     from types import SimpleNamespace
 

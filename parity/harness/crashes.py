@@ -10,7 +10,9 @@ harness's own code, or in eager, is not a graph bug and still propagates.
 
 from __future__ import annotations
 
-from parity.graphs.capture_errors import engine_source
+import traceback
+
+from parity.graphs.capture_errors import engine_source, import_name
 
 # Lines in these parts of the tool are the tool's own: an exception there is an internal error, never a verdict.
 _TOOL = ("parity/harness/", "parity/analysis/", "parity/report/", "parity/commands/", "parity/diagnose/",
@@ -18,11 +20,13 @@ _TOOL = ("parity/harness/", "parity/analysis/", "parity/report/", "parity/comman
 
 
 def engine_crash(error: BaseException, step: int) -> dict | None:
-    """What a graph mode's run record says of `error`, raised at engine step `step`; None when the innermost
-    frame outside torch is the tool's own (then it is not the engine's exception to report)."""
+    """What a graph mode's run record says of `error`, raised at engine step `step`; None when it was raised in
+    the tool's own code, or its innermost frame outside torch is (then it is not the engine's exception)."""
+    frames = list(traceback.walk_tb(error.__traceback__))
+    raised_in = import_name(frames[-1][0].f_code.co_filename) if frames else ""
     source = engine_source(error.__traceback__)
-    if source is None or source.file.startswith(_TOOL):
-        return None
+    if source is None or source.file.startswith(_TOOL) or raised_in.startswith(_TOOL):
+        return None     # the tool's own error or verdict (a rank divergence, a wrong graph) raised through the engine
     return {"step": step, "error": f"{type(error).__name__}: {error}".strip(), "source": source.name,
             "function": source.function, "code": source.code}
 
