@@ -65,6 +65,16 @@ def test_heads_that_do_not_divide_are_refused_in_one_line():
     assert code == 2 and err.count("\n") == 1 and "does not divide over 3 ranks" in err
 
 
+def test_a_rank_runs_its_modes_one_after_another_and_unbisected():
+    # Worker processes of a concurrent session are outside the process group: a rank's runs must stay in it.
+    from parity.graphs.modes import MODES
+    from parity.harness.request import RunRequest
+    from parity.harness.tp_session import rank_request
+
+    ranked = rank_request(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", MODES, "cuda", jobs=None))
+    assert ranked.jobs == 1 and not ranked.bisect and "RankGuard" in ranked.policy.executor.__name__
+
+
 def test_tp1_is_the_engine_of_today():
     """No TP context: loading shards nothing, and the target holds no all-reduce."""
     from parity.models.pair import load_pair
