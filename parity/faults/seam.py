@@ -12,6 +12,7 @@ import dataclasses
 
 from parity.engine.parts import EngineParts
 from parity.faults import mutations as m
+from parity.faults import overlap_mutations as o
 from parity.faults import runner_mutations as r
 from parity.faults import tree_mutations as t
 from parity.graphs.policy import CapturePolicy
@@ -54,6 +55,9 @@ MUTATIONS: dict[str, Mutation] = {
     "mtp-layer-index-frozen": Mutation(("proposer",), m.MtpLayerIndexFrozen),
     "mtp-padded-rows-not-skipped": Mutation(("proposer",), m.MtpPaddedRowsNotSkipped),
     "tree-mask-rebuilt": Mutation(BUILDERS, t.TreeMaskRebuilt),
+    "rows-freed-before-readback": Mutation(("stager",), o.RowsFreedBeforeReadback),
+    "count-copied-without-wait": Mutation(("stager",), o.CountCopiedWithoutWait),
+    "staging-rewritten-early": Mutation(("stager",), o.StagingRewrittenEarly),
 }
 
 

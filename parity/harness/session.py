@@ -24,6 +24,7 @@ from parity.harness.modes import RunSet, capture_policy, request_specs, run_mode
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
 from parity.harness.padding_diagnosis import padding_diagnosis, unless_unexplained
 from parity.harness.release import Stopwatch, frozen_heap, measured
+from parity.harness.staging_check import staging_diagnosis
 from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
                                     resolve_backend, resolve_modes)
 from parity.harness.scenario import Scenario
@@ -66,7 +67,8 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
             for mode in drifting:
                 padding = comparisons[mode].padding or {}
                 with watch("bisect_seconds"):
-                    found = padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode])
+                    found = (staging_diagnosis(pair, scenario, mode, backend, device, request, runs)
+                             or padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode]))
                 if found is not None:
                     diagnoses[mode] = found
                     continue
