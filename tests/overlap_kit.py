@@ -11,7 +11,7 @@ from parity.graphs.factory import install_graphs
 
 K = 3
 CFG = dict(num_speculative_tokens=K, max_num_seqs=3, max_num_batched_tokens=32, block_size=4)
-CAPTURE_SIZES = (3, 6, 12)
+CAPTURE_SIZES = (4, 12)
 SPECS = make_specs(4, seed=21, max_tokens=6, max_prompt=9, stagger=1, avoid_prompt_len=K + 1)
 
 
