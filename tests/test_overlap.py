@@ -64,7 +64,7 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_no_host_read_before_its_event_and_records_read_only_host_slots(random_pair, monkeypatch):
+def test_no_host_read_before_its_event_and_records_read_only_their_slot(random_pair, monkeypatch):
     read_from = []
     original = Records.read_logits
 
@@ -79,7 +79,7 @@ def test_no_host_read_before_its_event_and_records_read_only_host_slots(random_p
     reads = HostReads()
     with reads:
         result, engine = run(random_pair, "full", overlap=True)
-    slots = engine.stager.host_storages
+    slots = engine.stager.slot_storages
     assert reads.reads > 0 and reads.early == []
     # The records (the harness's tracing) read the verify logits only from the readback slot, one step late.
     assert read_from and set(read_from) <= slots

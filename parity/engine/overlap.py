@@ -7,9 +7,9 @@ and records), run the way an engine with async scheduling runs it:
   events (`staging.Stager`), never by the host;
 - the host builds the draft decode steps' batch while the draft prefill's copies
   are still in flight, and issues its copies once the prefill has read the rows;
-- a step's records are completed one step late: the verify logits are read back
-  into a host slot on the copy stream, and the next step's verify waits for that
-  readback before it rewrites the rows (the "rows may be reused" event);
+- a step's records are completed one step late: the verify logits are copied out
+  into a slot of their own on a readback stream, and the next step's verify waits
+  for that copy before it rewrites the rows (the "rows may be reused" event);
 - the host waits only on the events whose results it consumes (the verify output
   it samples from, the drafts it verifies next, the readback it records).
 

@@ -4,8 +4,8 @@ Every host-built value a forward reads goes host -> slot -> device: the builder
 writes a buffer's values into that buffer's host slot (`stage`), the copies of
 what was staged are issued on the copy stream after the compute stream's work so
 far (`flush`), and the compute stream waits each copy's `ready` event before the
-forward that reads it (`consume`). Outputs the host reads later come back the same
-way (`readback`): a non-blocking copy into a host slot on the copy stream, whose
+forward that reads it (`consume`). Outputs the host reads later are copied out the same
+way (`readback`): a non-blocking copy into a slot of their own on a readback stream, whose
 event the consumer waits before reading, and which the compute stream waits
 (`before_overwrite`) before a later forward rewrites the rows it reads.
 
@@ -38,7 +38,7 @@ class Stager:
         self.readback_stream = self.G.Stream(device=self.device)
         self.sync = dict(sync or {})
         self.slots: dict[str, torch.Tensor] = {}
-        self.host_storages: set[int] = set()                     # every slot's memory, grown ones included
+        self.slot_storages: set[int] = set()                     # every slot's memory, grown ones included
         self.staged: dict[str, tuple[torch.Tensor, int]] = {}   # key -> (destination, entries): copy not issued
         self.issued: list[str] = []                              # copies the next forward must wait for
         self.ready: dict[str, object] = {}
@@ -54,12 +54,16 @@ class Stager:
 
     # --- host -> device -----------------------------------------------------------------------
 
-    def slot(self, key: str, like: torch.Tensor) -> torch.Tensor:
-        """The host slot of `key`, at least as large as `like` (page-locked with a CUDA device)."""
+    def slot(self, key: str, like: torch.Tensor, on_device: bool = False) -> torch.Tensor:
+        """The slot of `key`, at least as large as `like`: on the host (page-locked with a CUDA device), or
+        `on_device` beside `like`."""
         self.keys[key] = None
         if key not in self.slots or self.slots[key].numel() < like.numel():
-            self.slots[key] = torch.empty(like.numel(), dtype=like.dtype, pin_memory=streams.pinned(self.device))
-            self.host_storages.add(self.slots[key].untyped_storage().data_ptr())
+            if on_device:
+                self.slots[key] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
+            else:
+                self.slots[key] = torch.empty(like.numel(), dtype=like.dtype, pin_memory=streams.pinned(self.device))
+            self.slot_storages.add(self.slots[key].untyped_storage().data_ptr())
         return self.slots[key]
 
     def stage(self, key: str, destination: torch.Tensor, values: torch.Tensor) -> None:
@@ -126,12 +130,13 @@ class Stager:
     # --- device -> host -----------------------------------------------------------------------
 
     def readback(self, key: str, source: torch.Tensor, phase: str):
-        """A non-blocking copy of `source` (an output of the `phase` forward) into `key`'s host slot, on the
-        readback stream after the compute stream's work so far. Returns (host view, event): read the view only
-        after the event."""
+        """A non-blocking copy of `source` (an output of the `phase` forward) into `key`'s slot, on the readback
+        stream after the compute stream's work so far. Returns (view, event): read the view only after the
+        event. The slot sits beside `source` (on the device), so what the host computes from it later is
+        computed by the same kernels as in the synchronous loop, bit for bit."""
         self.readers.setdefault(key, {})[phase] = None
         self.before_rewrite(key)
-        slot = self.slot(key, source)
+        slot = self.slot(key, source, on_device=True)
         target = slot[: source.numel()]
         compute = self.G.current_stream(self.device)
         if self.sync.get(key) == SYNC:
