@@ -141,6 +141,12 @@ def bisect_session(request: RunRequest, mode: str | None) -> dict:
 
 def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, device, request: RunRequest) -> dict:
     comparison = None
+    if scenario.overlap and mode is not None:      # the overlapped mode and its reference, for the staging check
+        runs = run_modes(pair, scenario, [mode], backend, device, request.parts, request.policy)
+        found = staging_diagnosis(pair, scenario, mode, backend, device, request, runs)
+        if found is not None:
+            found.pop("timing", None)
+            return found
     if mode is None:
         modes = resolve_modes(request.modes, scenario)
         runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy)
@@ -150,7 +156,8 @@ def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, dev
             return Diagnosis(NONE, [], None, evidence=[f"no mode of {', '.join(modes)} drifts from eager"]).as_dict()
         mode = drifting[0]
         comparison = comparisons[mode]
-        found = padding_diagnosis(pair, scenario, mode, device, request, comparison)
+        found = (staging_diagnosis(pair, scenario, mode, backend, device, request, runs)
+                 or padding_diagnosis(pair, scenario, mode, device, request, comparison))
         if found is not None:
             found.pop("timing", None)
             return found
