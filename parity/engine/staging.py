@@ -93,8 +93,8 @@ class Stager:
             if self.sync.get(key) == SYNC:
                 target.copy_(source)
                 self.mark(key, compute)
-                continue
-            self.issue(key, target, source, self.copy_stream)
+            else:
+                self.issue(key, target, source, self.copy_stream)
             self.issued.append(key)
         self.staged.clear()
 
