@@ -30,6 +30,9 @@ from parity.audit.trace import WriteLog
 # NOTE: only the backend's begin/end/abort/new_pool are used, so a reorganisation of
 # parity.graphs behind that interface does not reach the audit.
 from parity.graphs.emulated import EmulatedBackend as _Recorders
+# Streams and events: the model of asynchronous copies the overlapped loop uses (docs/overlap.md).
+from parity.graphs.streams import Event, Stream, stream  # noqa: F401
+from parity.graphs import streams as _streams
 
 _RECORDERS = _Recorders(torch.device("cpu"))
 _POOL_NUMBERS = itertools.count()
@@ -133,10 +136,11 @@ def weak_ref_tensors(outputs):
     return tree_map(lambda t: non_owning(t) if isinstance(t, torch.Tensor) else t, outputs)
 
 
-def current_stream():
-    """No streams on the CPU: a placeholder for torch.cuda.current_stream()."""
-    return None
+def current_stream(device=None):
+    """The immediate default stream of the streams model (`parity.graphs.streams`)."""
+    return _streams.current_stream(device)
 
 
-def synchronize() -> None:
-    """Nothing runs asynchronously on the CPU."""
+def synchronize(device=None) -> None:
+    """Run every queued side-stream copy (`parity.graphs.streams`): a host sync."""
+    _streams.synchronize(device)

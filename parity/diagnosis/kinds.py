@@ -20,6 +20,7 @@ WRONG_GRAPH = "WRONG_GRAPH"
 CAPTURE_ERROR = "CAPTURE_ERROR"
 OUTPUT_ALIASED = "OUTPUT_ALIASED"
 SHORT_BUFFER = "SHORT_BUFFER"
+STAGING_RACE = "STAGING_RACE"
 NOT_REFRESHED = "NOT_REFRESHED"
 NOT_EXERCISED = "NOT_EXERCISED"
 RANK_DIVERGENCE = "RANK_DIVERGENCE"
@@ -45,6 +46,8 @@ MEANING = {
                    ".cpu() or torch.cuda.synchronize(), or a data-dependent shape), at the named source line",
     OUTPUT_ALIASED: "a graph's output was read after a later replay had overwritten it (held by reference, not copied)",
     SHORT_BUFFER: "a persistent buffer holds fewer entries than a padded batch slices: a short tensor (capacity audit)",
+    STAGING_RACE: "an overlapped loop reused a staging buffer (or read-back rows) before the copy or replay that "
+                  "reads it completed, or read a buffer before its copy landed: synchronous staging restores parity",
     NOT_REFRESHED: "a static input was never written since capture (a warning: it may be constant)",
     NOT_EXERCISED: "no forward of the mode replayed a graph: a silent eager fallback proves nothing",
     RANK_DIVERGENCE: "tensor-parallel ranks parted before a forward: one dispatched another descriptor (phase, "
@@ -54,7 +57,8 @@ MEANING = {
 }
 # The classes a bug can be diagnosed as (the others say there is none, that it is not explained, or warn).
 BUG_KINDS = (BUFFER_REASSIGNED, STALE_BUFFER, FROZEN_AT_CAPTURE, PADDING_LEAK, PADDING_NUMERICS, POOL_ALIAS, CAPTURE_CONTEXT,
-             DESCRIPTOR_MISMATCH, WRONG_GRAPH, OUTPUT_ALIASED, SHORT_BUFFER, CAPTURE_ERROR, RANK_DIVERGENCE)
+             DESCRIPTOR_MISMATCH, WRONG_GRAPH, OUTPUT_ALIASED, SHORT_BUFFER, CAPTURE_ERROR, RANK_DIVERGENCE,
+             STAGING_RACE)
 # Suspicions that are not errors by themselves (the panel shows them in yellow, like UNEXPLAINED).
 WARNING_KINDS = (NOT_REFRESHED,)
 # What a diagnosis' `buffers` name, for the kinds whose names are not buffers.

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.proposer import EagleProposer
 from parity.engine.records import Records
+from parity.engine.staging import Stager
 from parity.engine.target_runner import TargetRunner
 
 
@@ -23,6 +24,7 @@ class EngineParts:
     proposer: type[EagleProposer] = EagleProposer
     drafter_builder: type[MetadataBuilder] = MetadataBuilder
     records: type[Records] = Records
+    stager: type[Stager] = Stager        # the overlapped loop's host staging (`overlap.py`)
     # NOTE: how far these parts' padded forwards are declared to move the logits beyond the dtype's own rounding
     # (the padding-numerics yardstick widens by twice it); the numerics seam declares its scale here.
     padding_numerics: float = 0.0

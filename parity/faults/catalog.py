@@ -21,6 +21,7 @@ from pathlib import Path
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, CAPTURE_ERROR, DESCRIPTOR_MISMATCH,
                                    FROZEN_AT_CAPTURE, NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS,
                                    RANK_DIVERGENCE, SHORT_BUFFER, STALE_BUFFER, WRONG_GRAPH)
+                                   SHORT_BUFFER, STAGING_RACE, STALE_BUFFER, WRONG_GRAPH)
 from parity.errors import ParityInputError
 from parity.faults.mutations import LogitsOfLiveTokens
 from parity.graphs.capture_errors import source_of
@@ -179,6 +180,18 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "StateIndexSteps.write_state (hybrid)", "vLLM #45100, vllm-ascend #15461", "hybrid", GRAPH_MODES,
           "request-indexed state indices padded from the token count, not the row count: padded rows (fewer "
           "than the batch's tokens) keep slots a larger batch left there", head="eagle1 --hybrid"),
+    Fault("rows-freed-before-readback", STAGING_RACE, ("logits",), "Stager.readback (overlapped loop)",
+          "SGLang #37988", "overlap", GRAPH_MODES,
+          "the event that lets the next verify reuse the logits rows is recorded before the readback copy that still "
+          "reads them: the replay rewrites the rows first, and a step's records get the next step's logprobs"),
+    Fault("count-copied-without-wait", STAGING_RACE, ("seq_lens",), "Stager.consume (overlapped loop)",
+          "vllm-ascend #9456", "overlap", GRAPH_MODES,
+          "the per-request token count (seq_lens) is copied on a stream of its own that the verify never waits on: "
+          "the forward reads the previous batch's counts"),
+    Fault("staging-rewritten-early", STAGING_RACE, ("positions", "slot_mapping", "query_start_loc"),
+          "Stager.wait_reusable (overlapped loop)", "issue 34", "overlap", GRAPH_MODES,
+          "the host writes the draft decode steps' batch into the staging slots without waiting for the draft "
+          "prefill's copies to read them: the prefill reads the steps' positions, slots and query starts"),
 ]}
 
 

@@ -13,6 +13,7 @@ import dataclasses
 from parity.engine.parts import EngineParts
 from parity.faults import hybrid_mutations as h
 from parity.faults import mutations as m
+from parity.faults import overlap_mutations as o
 from parity.faults import runner_mutations as r
 from parity.faults import tp_mutations as tp
 from parity.faults import tree_mutations as t
@@ -65,6 +66,9 @@ MUTATIONS: dict[str, Mutation] = {
     "state-index-from-tail": Mutation(("target_builder",), h.StateIndexFromTail),
     "spec-state-into-null-block": Mutation(("target_builder",), h.SpecStateIntoNullBlock),
     "state-padded-to-token-count": Mutation(("target_builder",), h.StatePaddedToTokenCount),
+    "rows-freed-before-readback": Mutation(("stager",), o.RowsFreedBeforeReadback),
+    "count-copied-without-wait": Mutation(("stager",), o.CountCopiedWithoutWait),
+    "staging-rewritten-early": Mutation(("stager",), o.StagingRewrittenEarly),
 }
 
 

@@ -25,6 +25,7 @@ import torch
 
 from parity.analysis.yardstick import Yardstick
 from parity.engine.config import EngineConfig
+from parity.engine.overlap import OverlapEngine
 from parity.engine.padding_probe import PaddingProbe
 from parity.engine.parts import EngineParts
 from parity.engine.records import RunResult
@@ -60,6 +61,8 @@ class ModeRun:
     wrong_graph: dict | None = None
     crashed: dict | None = None        # the engine raised in this graph mode, eager did not (`harness.crashes`)
     padding_probe: dict | None = None  # a reference's check of the padding contract (`engine.padding_probe`)
+    # An overlapped run's staged buffers, "<owner>.<buffer>" -> the phases of the forwards each feeds (`engine.staging`)
+    staged: dict[str, list[str]] | None = None
 
 
 @dataclass
@@ -119,12 +122,16 @@ def request_specs(scenario: Scenario, tokenizer, config: EngineConfig) -> list[R
 
 
 def run_mode(pair, scenario: Scenario, mode: str, backend: str, device: torch.device,
-             parts: EngineParts = EngineParts(), policy: CapturePolicy = CapturePolicy(), progress=None) -> ModeRun:
-    """Run the scenario once in `mode` on a fresh engine (fresh KV cache and graphs), released afterwards."""
+             parts: EngineParts = EngineParts(), policy: CapturePolicy = CapturePolicy(), progress=None,
+             sync: dict | None = None) -> ModeRun:
+    """Run the scenario once in `mode` on a fresh engine (fresh KV cache and graphs), released afterwards.
+
+    With the scenario's `overlap`, a graph mode runs the overlapped loop (`sync`: its staging experiment)."""
     def install(engine):
         return install_graphs(engine, mode, backend, scenario.capture_sizes, scenario.drafter_mode,
                               capture_policy(scenario, policy))
-    return _run(pair, scenario, mode, backend, device, parts, install, progress)
+    overlapped = scenario.overlap and mode != EAGER
+    return _run(pair, scenario, mode, backend, device, parts, install, progress, overlapped, sync)
 
 
 def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.device,
@@ -155,14 +162,15 @@ def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.
 
 
 def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: EngineParts, install,
-         progress) -> ModeRun:
+         progress, overlapped: bool = False, sync: dict | None = None) -> ModeRun:
     """Build an engine, `install(engine)` its executors, run, and give every byte of it back."""
     config = EngineConfig.of(scenario)
     specs = request_specs(scenario, pair.tokenizer, config)
     watch = Stopwatch()
 
     def go():
-        engine = SpecDecodeEngine(pair.target, pair.head, config, device, parts)
+        engine = (OverlapEngine(pair.target, pair.head, config, device, parts, sync) if overlapped
+                  else SpecDecodeEngine(pair.target, pair.head, config, device, parts))
         try:
             with watch("capture_seconds"):
                 try:
@@ -185,7 +193,8 @@ def _run(pair, scenario: Scenario, name: str, backend: str, device, parts: Engin
                         raise
                     return ModeRun(name, None, backend, capture, crashed=crash)
             replays = [o.executor.replays for o in engine.owners() if hasattr(o.executor, "replays")]
-            return ModeRun(name, result, backend, capture, sum(replays) if replays else None)
+            return ModeRun(name, result, backend, capture, sum(replays) if replays else None,
+                           staged=engine.stager.phases() if overlapped else None)
         finally:
             uninstall(engine)
 

@@ -45,6 +45,7 @@ class Scenario(EngineSettings):
     modes: tuple[str, ...] = MODES
     drafter_mode: str | None = None
     shared_drafter_pool: bool = False
+    overlap: bool = False          # graph modes run the overlapped loop (engine/overlap.py, docs/overlap.md)
     tolerances: Tolerances = field(default_factory=Tolerances)
     description: str = ""
 
@@ -67,6 +68,7 @@ _SCALARS = {
     "max_model_len": (int, "a positive integer"),
     "drafter_mode": (str, "a mode name"),
     "shared_drafter_pool": (bool, "true or false"),
+    "overlap": (bool, "true or false"),
 }
 _LISTS = {"arrivals", "capture_sizes", "modes", "sliding_window"}
 _TOLERANCE_KEYS = {f.name: f.type for f in fields(Tolerances)}
@@ -202,7 +204,7 @@ def _build(path: Path, check: _Checker, raw: dict, nodes: dict) -> Scenario:
     modes = _modes(check, node, raw)
     window, window_layers = _window(check, node("sliding_window"), raw.get("sliding_window"))
 
-    values = {key: raw[key] for key in ("max_tokens", "drafter_mode", "shared_drafter_pool", "description")
+    values = {key: raw[key] for key in ("max_tokens", "drafter_mode", "shared_drafter_pool", "overlap", "description")
               if key in raw}
     engine = {**settings.settings(), "temperature": float(settings.temperature), "sliding_window": window,
               "sliding_window_layers": window_layers}

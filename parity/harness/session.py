@@ -28,6 +28,7 @@ from parity.harness.modes import (RunSet, capture_policy, reference_names, reque
 from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
 from parity.harness.padding_diagnosis import padding_diagnosis, unless_unexplained
 from parity.harness.release import Stopwatch, frozen_heap, measured
+from parity.harness.staging_check import staging_diagnosis
 from parity.harness.request import (RunRequest, checkpoint_paths, load_request_pair, load_request_scenario,
                                     resolve_backend, resolve_modes)
 from parity.harness.scenario import Scenario
@@ -78,7 +79,8 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
             for mode in drifting:
                 padding = comparisons[mode].padding or {}
                 with watch("bisect_seconds"):
-                    found = padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode])
+                    found = (staging_diagnosis(pair, scenario, mode, backend, device, request, runs)
+                             or padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode]))
                 if found is not None:
                     diagnoses[mode] = found
                     continue
@@ -152,6 +154,12 @@ def bisect_session(request: RunRequest, mode: str | None) -> dict:
 
 def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, device, request: RunRequest) -> dict:
     comparison = None
+    if scenario.overlap and mode is not None:      # the overlapped mode and its reference, for the staging check
+        runs = run_modes(pair, scenario, [mode], backend, device, request.parts, request.policy)
+        found = staging_diagnosis(pair, scenario, mode, backend, device, request, runs)
+        if found is not None:
+            found.pop("timing", None)
+            return found
     if mode is None:
         modes = resolve_modes(request.modes, scenario)
         runs = run_modes(pair, scenario, modes, backend, device, request.parts, request.policy)
@@ -161,7 +169,8 @@ def _bisect_loaded(pair, scenario: Scenario, mode: str | None, backend: str, dev
             return Diagnosis(NONE, [], None, evidence=[f"no mode of {', '.join(modes)} drifts from eager"]).as_dict()
         mode = drifting[0]
         comparison = comparisons[mode]
-        found = padding_diagnosis(pair, scenario, mode, device, request, comparison)
+        found = (staging_diagnosis(pair, scenario, mode, backend, device, request, runs)
+                 or padding_diagnosis(pair, scenario, mode, device, request, comparison))
         if found is not None:
             found.pop("timing", None)
             return found
