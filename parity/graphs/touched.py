@@ -23,6 +23,11 @@ class Touched:
         self.read_storages: set[int] = set()
         self.write_storages: set[int] = set()
 
+    def add_tensors(self, reads, writes) -> None:
+        """A region known by its tensors (a compiled call: parity.graphs.compiled)."""
+        self.read_storages.update(storage_of(t) for t in [*reads, *writes] if t.numel())
+        self.write_storages.update(storage_of(t) for t in writes if t.numel())
+
     def add(self, func, args, kwargs) -> None:
         for t in tree_flatten((args, kwargs))[0]:
             if isinstance(t, torch.Tensor) and t.numel():
