@@ -17,13 +17,14 @@ OUT      ?=
 TORCH_CPU_VERSION ?= 2.13.0
 FUZZ_SECONDS ?= 300
 
-.PHONY: parity smoke test test-gpu bench gate models bugs clean help fuzz
+.PHONY: parity smoke test test-gpu bench gate models bugs clean help fuzz test-nano-vllm
 
 help:
 	@echo "make parity [MODEL=$(MODEL)] [SCENARIO=the model's own] [MODES=$(MODES)] [BACKEND=$(BACKEND)]"
 	@echo "make smoke       seconds: imports, a tiny scenario in every mode, one fault named"
 	@echo "make test        CPU test suite (what CI runs), TEST_WORKERS=$(TEST_WORKERS) xdist workers"
 	@echo "make test-gpu    tests marked gpu (needs CUDA)"
+	@echo "make test-nano-vllm  nano-vllm's own runner audited on the CPU (minutes)"
 	@echo "make bench       side-by-side latency ratios"
 	@echo "make models      rebuild the embedded tiny pair under parity/assets/"
 	@echo "make fuzz        fuzz every input kind for FUZZ_SECONDS=$(FUZZ_SECONDS) s; prints examples and failures"
@@ -50,6 +51,10 @@ smoke: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -m "not gpu" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
+
+# nano-vllm's own runner audited on the CPU (tests/test_audit_nano_vllm.py): minutes of CPU, so not in make test.
+test-nano-vllm: $(STAMP)
+	PARITY_NANO_VLLM=1 PARITY_TEST_BUDGET_S=900 $(PY) -m pytest -m "not gpu" tests/test_audit_nano_vllm.py
 
 # With pytest-xdist the GPU tests spread over GPU_WORKERS processes sharing the one GPU (tests that share
 # an expensive fixture stay together: --dist loadgroup).
