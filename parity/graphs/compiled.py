@@ -12,7 +12,7 @@ Triton or C++) never reach a dispatch mode, so `region.reads` and
 `region.writes` (the tensors from outside the region it reads and writes in
 place) are learned from a *dry twin*: the region's original Python run once
 more, eagerly, under a tracer of its own, with every mode paused and leaving
-no trace (its writes undone, the CPU generator put back; inside a CUDA
+no trace (its writes undone, the generators put back; inside a CUDA
 capture it is captured into a throwaway graph on a side stream, which
 executes nothing). What runs for the program is the compiled call alone.
 
@@ -43,6 +43,8 @@ def _wrapper_code():
 
 
 _WRAPPER = None
+# Saved at import, before an auto-audit patches it: the twin's throwaway capture must never be audited.
+_CUDA_GRAPH = getattr(torch.cuda, "CUDAGraph", None)
 _STATE = {"modes": 0, "previous": None, "open": [], "dry": False}
 
 
@@ -112,6 +114,7 @@ class Region:
         _STATE["dry"] = True
         with _disable_current_modes():          # neither the program's modes nor the audit's see the twin
             rng = torch.get_rng_state()
+            cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_available() and not capturing else None
             try:
                 if capturing:
                     _captured_away(trace, self.fn, self.args, self.kwargs)
@@ -123,12 +126,14 @@ class Region:
                 for whole, saved in trace.saved.values():
                     whole.copy_(saved)
                 torch.set_rng_state(rng)
+                if cuda_rng is not None:
+                    torch.cuda.set_rng_state(cuda_rng)
         self.reads, self.writes = trace.reads, trace.writes
 
 
 def _captured_away(trace: _DryTrace, fn, args, kwargs) -> None:
     """Inside a CUDA capture: the twin is captured into a graph of its own on a side stream, never replayed."""
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    graph, stream = _CUDA_GRAPH(), torch.cuda.Stream()
     with torch.cuda.stream(stream):
         graph.capture_begin(capture_error_mode="relaxed")
         try:
