@@ -54,7 +54,7 @@ test: $(STAMP)
 
 # Whole scenarios make test's budget cannot hold (pyproject's `costly` marker): issue 30's tree faults through the
 # mutation matrix, their corpus bugs, the sampled-tree scenario in every mode, concurrent runs against sequential
-# ones bit for bit (spawned workers). CI runs them after make test (.ci/run).
+# ones bit for bit (spawned workers), nano-vllm's own runner under the audit. CI runs them after make test (.ci/run).
 test-costly: $(STAMP)
 	PARITY_TEST_BUDGET_S=300 $(PY) -m pytest -m "costly and not gpu" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
 

@@ -55,7 +55,7 @@ def test_every_snippet_of_the_audit_page_runs_as_written(tmp_path, monkeypatch):
         monkeypatch.setitem(sys.modules, name, module)
     namespace: dict = {}
     codes = snippets("audit.md")
-    assert len(codes) == 4
+    assert len(codes) == 5
     for code in codes:
         if is_test_file(code):
             assert run_recipe(tmp_path, code, ()) == 0

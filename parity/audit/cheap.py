@@ -5,8 +5,10 @@ reaches another storage is a *rebinding*. What it means depends on whether the
 captured storage is still someone's: when another role still reaches it (the
 engine keeps the persistent buffer and builds fresh per-step tensors that it
 copies in, as nano-vllm and vLLM do), the moved path is where the live value
-comes from, which the shadow check compares; when no role reaches it any more,
-the graph reads memory nobody refreshes: BUFFER_REASSIGNED, at once.
+comes from, which the shadow check compares; so it is when a live path no role
+of the capture names reaches it (a registry the engine builds after its
+capture loop); when nothing reaches it any more, the graph reads memory nobody
+refreshes: BUFFER_REASSIGNED, at once.
 
 Version counters tell whether a declared static input (in `static_inputs`, or
 a tensor argument) was written at all since capture: one never written while
@@ -21,15 +23,22 @@ import torch
 
 from parity.audit import pool
 from parity.audit.record import CaptureRecord, Role
-from parity.graphs.roles import MISSING, chain_of, resolve
+from parity.graphs.roles import MISSING, chain_of, resolve, walk
 from parity.audit.trace import storage_ptr
+
+
+@dataclass(frozen=True)
+class Reached:
+    """A live path to a captured storage that no role of the capture names: a root that appeared after the
+    capture (a static input whose getter had nothing then, as nano-vllm's `graph_vars`, built after its loop)."""
+    name: str
 
 
 @dataclass
 class Rebind:
     role: Role
     live: object          # what the path reaches now: a tensor, another value or MISSING
-    keeper: Role | None   # a role that still reaches the captured storage (the persistent buffer), if any
+    keeper: Role | Reached | None   # what still reaches the captured storage (the persistent buffer), if any
     at_leaf: bool = True  # the path's objects are the captured ones: its last attribute/item itself was rebound
 
     @property
@@ -70,7 +79,20 @@ def rebinds(record: CaptureRecord, roots: dict) -> list[Rebind]:
     for r in sorted(record.roles, key=lambda r: r.owner_rank):
         if isinstance(live[id(r)], torch.Tensor) and storage_ptr(live[id(r)]) == r.storage:
             keepers.setdefault(r.storage, r)
+    if any(r.storage not in keepers for r in moved):
+        keepers.update(_reached({r.storage for r in moved} - set(keepers), roots))
     return [Rebind(r, live[id(r)], keepers.get(r.storage), chain_of(r.path, roots) == r.chain) for r in moved]
+
+
+def _reached(storages: set[int], roots: dict) -> dict[int, Reached]:
+    """The shortest live path to each of `storages` (whole tensors first), among paths no role names."""
+    found: dict[int, Reached] = {}
+    for path, value in walk(roots):
+        if isinstance(value, torch.Tensor) and value.numel() and storage_ptr(value) in storages:
+            found.setdefault(storage_ptr(value), Reached(str(path)))
+            if len(found) == len(storages):
+                break
+    return found
 
 
 def rank(rebind: Rebind) -> tuple:

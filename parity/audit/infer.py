@@ -23,9 +23,10 @@ import types
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
 from torch.utils._pytree import tree_flatten
 
+from parity.graphs.compiled import RegionAware, in_region
 from parity.graphs.host_state import values_of
 
 # Frames of these files belong to capture machinery (the audit's, the emulated graphs' op checks, torch's),
@@ -68,15 +69,22 @@ def _launches(func, args, kwargs, tracer) -> bool:
     return any(isinstance(t, torch.Tensor) and tracer.is_external(t) for t in tree_flatten((args, kwargs))[0])
 
 
-class _CallOps(TorchDispatchMode):
+class _CallOps(RegionAware):
     """Marks the block's current direct call as launching when one of its ops does (see `_launches`)."""
 
     def __init__(self, spy: "BlockSpy", tracer):
         super().__init__()
         self.spy, self.tracer = spy, tracer
 
+    def region_enter(self, region) -> None:
+        """A compiled region launches kernels (its own, unseen) when it reads memory from before the capture."""
+        if self.spy.current is not None and any(self.tracer.is_external(t) for t in region.reads):
+            self.spy.launching.add(self.spy.current)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if in_region():
+            return func(*args, **kwargs)
         current = self.spy.current
         if current is not None and current not in self.spy.launching and _launches(func, args, kwargs, self.tracer):
             self.spy.launching.add(current)

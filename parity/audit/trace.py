@@ -11,6 +11,10 @@ carves many tensors out of one segment storage.
 that existed when the log started it saves the storage's bytes, and `undo()`
 puts them back. Shadow runs, warm-ups and emulated captures run under it so
 they leave no trace.
+
+Both are `RegionAware` (parity.graphs.compiled): torch.compile'd code runs
+compiled under them, and a compiled region's reads and writes, which its own
+kernels hide from dispatch modes, come from the region's dry eager twin.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from __future__ import annotations
 import bisect
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from parity.audit.defined import EMPTY_FACTORIES, Undefined
+from parity.graphs.compiled import Region, RegionAware, in_region
 
 
 def version_of(t: torch.Tensor) -> int | None:
@@ -124,7 +128,13 @@ def fresh_outputs(out, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return fresh
 
 
-class ReadSetTracer(TorchDispatchMode):
+def region_outputs(region: Region, result) -> list[torch.Tensor]:
+    """What a compiled region returned that is new memory (not a view of anything it was given or read)."""
+    given = [t for t in tree_flatten((region.args, region.kwargs))[0] if isinstance(t, torch.Tensor)]
+    return fresh_outputs(result, [*given, *region.reads, *region.writes])
+
+
+class ReadSetTracer(RegionAware):
     """Records a traced region's external reads and writes (see the module docstring)."""
 
     def __init__(self):
@@ -139,8 +149,26 @@ class ReadSetTracer(TorchDispatchMode):
     def is_external(self, t: torch.Tensor) -> bool:
         return t.numel() > 0 and not self._produced.contains(*byte_range(t))
 
+    def region_enter(self, region: Region) -> None:
+        self.ops.append(f"compiled {getattr(region.fn, '__qualname__', region.fn)}")
+        for t in region.reads:
+            if self.is_external(t):
+                self.reads.setdefault((storage_ptr(t), *byte_range(t)), t)
+        for t in region.writes:
+            if self.is_external(t):
+                self.writes.setdefault(storage_ptr(t), t)
+            self.undefined.written(*byte_range(t))
+
+    def region_exit(self, region: Region, result) -> None:
+        for t in region_outputs(region, result):
+            self._produced.add(*byte_range(t))
+            self.allocated.append(byte_range(t))
+            self.undefined.written(*byte_range(t))
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if in_region():
+            return func(*args, **kwargs)        # a compiled artifact's internals: region_enter had its set
         self.ops.append(str(func))
         flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         for t in flat:
@@ -158,7 +186,7 @@ class ReadSetTracer(TorchDispatchMode):
         return out
 
 
-class WriteLog(TorchDispatchMode):
+class WriteLog(RegionAware):
     """Copy-on-write undo log over every storage that existed when it started."""
 
     def __init__(self):
@@ -166,14 +194,27 @@ class WriteLog(TorchDispatchMode):
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # storage -> (live bytes, saved bytes)
         self._produced = _Ranges()
 
+    def _save(self, t: torch.Tensor) -> None:
+        ptr = storage_ptr(t)
+        if t.numel() and ptr not in self.saved and not self._produced.contains(*byte_range(t)):
+            live = storage_bytes(t)
+            self.saved[ptr] = (live, live.clone())
+
+    def region_enter(self, region: Region) -> None:
+        for t in region.writes:
+            self._save(t)
+
+    def region_exit(self, region: Region, result) -> None:
+        for t in region_outputs(region, result):
+            self._produced.add(*byte_range(t))
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if in_region():
+            return func(*args, **kwargs)        # a compiled artifact's internals: region_enter saved its writes
         flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         for t in written_tensors(func, args, kwargs):
-            ptr = storage_ptr(t)
-            if t.numel() and ptr not in self.saved and not self._produced.contains(*byte_range(t)):
-                live = storage_bytes(t)
-                self.saved[ptr] = (live, live.clone())
+            self._save(t)
         out = func(*args, **kwargs)
         for t in fresh_outputs(out, flat):
             self._produced.add(*byte_range(t))

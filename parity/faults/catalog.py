@@ -20,8 +20,7 @@ from pathlib import Path
 
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, CAPTURE_ERROR, DESCRIPTOR_MISMATCH,
                                    FROZEN_AT_CAPTURE, NOT_EXERCISED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS,
-                                   RANK_DIVERGENCE, SHORT_BUFFER, STALE_BUFFER, WRONG_GRAPH)
-                                   SHORT_BUFFER, STAGING_RACE, STALE_BUFFER, WRONG_GRAPH)
+                                   RANK_DIVERGENCE, SHORT_BUFFER, STAGING_RACE, STALE_BUFFER, WRONG_GRAPH)
 from parity.errors import ParityInputError
 from parity.faults.mutations import LogitsOfLiveTokens
 from parity.graphs.capture_errors import source_of

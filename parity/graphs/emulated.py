@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from parity.errors import CaptureSyncError
+from parity.graphs.compiled import Region, RegionAware, in_region
 from parity.graphs.touched import Touched, is_node, read_of, schema_facts, tensors_in
 from parity.graphs.emulated_pool import EmulatedPool
 
@@ -123,15 +123,60 @@ class _HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _Recorder(TorchDispatchMode):
+class _RegionCall:
+    """A torch.compile'd region recorded as one op: replay calls the compiled callable again (its artifact
+    runs, as a CUDA graph replays inductor's kernels) and hands back its new outputs, in capture order."""
+
+    def __init__(self, region: Region, picks: list[int]):
+        self.compiled, self.picks = region.compiled(), picks
+        self.inference = torch.is_inference_mode_enabled()
+        self.__name__ = f"compiled {getattr(region.fn, '__qualname__', region.fn)}"
+
+    def __call__(self, *args, **kwargs):
+        with torch.inference_mode(self.inference), torch.no_grad():
+            flat = [t for t in tree_flatten(self.compiled(*args, **kwargs))[0] if isinstance(t, torch.Tensor)]
+        return [flat[i] for i in self.picks]
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def _overlaps(t: torch.Tensor, others) -> bool:
+    start, end = _span(t)
+    return any(o.numel() and _span(o)[0] < end and start < _span(o)[1] for o in others)
+
+
+class _Recorder(RegionAware):
     def __init__(self, pool: EmulatedPool | None):
         super().__init__()
         self.ops: list[tuple] = []
         self.pool = pool
         self.touched = Touched()
 
+    def region_exit(self, region: Region, result) -> None:
+        """The compiled region is one op: its reads and writes from its dry twin, its new outputs copied."""
+        if result is None:
+            return
+        self.touched.add_tensors(region.reads, region.writes)
+        given = [t for t in tree_flatten((region.args, region.kwargs))[0] if isinstance(t, torch.Tensor)]
+        flat = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        picks = [i for i, t in enumerate(flat) if t.numel() and not _overlaps(t, [*given, *region.reads])]
+        self.ops.append((_RegionCall(region, picks), tree_map(_freeze, region.args),
+                         tree_map(_freeze, region.kwargs), [_freeze(flat[i]) for i in picks]))
+
+    def _inside_region(self, func, args, kwargs):
+        """A compiled artifact's own dispatched ops (allocations, extern kernels): run, placed, not recorded."""
+        out = func(*args, **kwargs)
+        if self.pool is not None and _classify(func, args, kwargs, out) == FUNCTIONAL:
+            out = tree_map(self._place, out)
+        return out
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if in_region():
+            return self._inside_region(func, args, kwargs)
         if func in _SYNC_OPS:
             raise CaptureSyncError(f"{_SYNC_OPS[func]} needs a host sync ({func}) and cannot be captured in a "
                                    "graph")

@@ -75,6 +75,11 @@ class Touched:
         self.read_storages: set[int] = set()
         self.write_storages: set[int] = set()
 
+    def add_tensors(self, reads, writes) -> None:
+        """A region known by its tensors (a compiled call: parity.graphs.compiled)."""
+        self.read_storages.update(storage_of(t) for t in [*reads, *writes] if t.numel())
+        self.write_storages.update(storage_of(t) for t in writes if t.numel())
+
     def add(self, func, args, kwargs, read: set[int] | None = None) -> None:
         """Count one op; `read`: the storages of its argument tensors (`read_of`), when the caller has them."""
         self.read_storages |= read_of(args, kwargs) if read is None else read
