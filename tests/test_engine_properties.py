@@ -11,7 +11,6 @@ an error rather than an endless loop.
 
 from __future__ import annotations
 
-import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
