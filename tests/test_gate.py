@@ -140,10 +140,12 @@ def test_missing_or_broken_baseline_exits_2(capsys, tmp_path):
     assert code == 2 and "not valid JSON" in err
 
 
-REAL_SCALE = {"llama3-eagle", "llama3-eagle-short", "long-context-8k"}
+REAL_SCALE = {"llama3-eagle", "llama3-eagle-short", "long-context-8k", "llama3-70b-tp"}
 # Made for an MTP pair the user synthesises (`parity models synth --head mtp-*`, docs/mtp.md): no embedded pair
 # runs them, so there is no pair to record a baseline of.
-SYNTH_HEADS = {"mtp-deepseek", "mtp-multilayer"}
+SYNTH_HEADS = {"mtp-deepseek", "mtp-multilayer", "hybrid"}
+# Run tensor-parallel (`parity run --tp 2`, docs/tp.md): the gate runs one process; tests/test_tp.py judges it.
+TENSOR_PARALLEL = {"tp-short"}
 
 
 def test_every_shipped_scenario_has_a_baseline():
@@ -152,7 +154,7 @@ def test_every_shipped_scenario_has_a_baseline():
 
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         scenario = load_scenario(path)
-        if scenario.name in REAL_SCALE | SYNTH_HEADS:
+        if scenario.name in REAL_SCALE | SYNTH_HEADS | TENSOR_PARALLEL:
             continue   # made for 8B pairs on a GPU, or for a synthesised MTP pair: no baseline here
         baseline = BASELINES / f"{scenario.name}.json"
         data = load_baseline(baseline)

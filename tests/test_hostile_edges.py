@@ -177,7 +177,7 @@ def test_two_identical_runs_give_identical_summaries_but_for_created_and_measure
         out = tmp_path / name
         assert call(run_args(tiny_scenario(tmp_path), "--out", str(out), modes="eager,full"))[0] == 0
         summary = json.loads((out / "summary.json").read_text())
-        assert set(summary["measured"]) == {"timing", "memory", "memory_plan"}
+        assert set(summary["measured"]) == {"timing", "memory", "memory_plan", "concurrency"}
         summaries.append({k: v for k, v in summary.items() if k not in ("created", "measured")})
     assert json.dumps(summaries[0], sort_keys=True) == json.dumps(summaries[1], sort_keys=True)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import traceback
 
+import torch
+
 from parity.graphs.capture_errors import engine_source, import_name
 
 # Lines in these parts of the tool are the tool's own: an exception there is an internal error, never a verdict.
@@ -22,6 +24,8 @@ _TOOL = ("parity/harness/", "parity/analysis/", "parity/report/", "parity/comman
 def engine_crash(error: BaseException, step: int) -> dict | None:
     """What a graph mode's run record says of `error`, raised at engine step `step`; None when it was raised in
     the tool's own code, or its innermost frame outside torch is (then it is not the engine's exception)."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in str(error):
+        return None     # memory is the machine's, not a graph bug: the run's out-of-memory line says what to do
     frames = list(traceback.walk_tb(error.__traceback__))
     raised_in = import_name(frames[-1][0].f_code.co_filename) if frames else ""
     source = engine_source(error.__traceback__)
