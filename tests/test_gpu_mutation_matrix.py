@@ -27,7 +27,12 @@ def _answer(summary: dict, mode: str):
     return summary["modes"][mode]["verdict"], site
 
 
-@pytest.mark.parametrize("name", list(FAULTS))
+# As in the CPU matrix: the tensor-parallel faults need two GPUs and --tp 2 (tests/test_tp.py), and the overlapped
+# loop's staging races show on CUDA only when a copy is made slow on purpose (tests/test_overlap_gpu.py).
+CELLS = [name for name, fault in FAULTS.items() if fault.tp == 1 and fault.scenario != "overlap"]
+
+
+@pytest.mark.parametrize("name", CELLS)
 def test_fault_on_cuda_matches_the_catalog_and_the_emulated_answer(name):
     fault = FAULTS[name]
     cuda, emulated = (run_matrix("tiny-llama3-eagle", backend, names=[name], scenarios_dir=ROOT / "scenarios")[name]
