@@ -169,7 +169,7 @@ class _Recorder(RegionAware):
     def _inside_region(self, func, args, kwargs):
         """A compiled artifact's own dispatched ops (allocations, extern kernels): run, placed, not recorded."""
         out = func(*args, **kwargs)
-        if self.pool is not None and _classify(func, args, kwargs, out) == FUNCTIONAL:
+        if self.pool is not None and _classify(func, read_of(args, kwargs), out) == FUNCTIONAL:
             out = tree_map(self._place, out)
         return out
 
