@@ -156,3 +156,18 @@ def test_a_rebound_input_of_a_compiled_layer_is_named_from_its_dry_twin(device):
     _, _, session = _run(G, device, audited=True, bug="rebound")
     kinds = {(e.kind, tuple(e.buffers)) for e in session.errors}
     assert kinds == {("BUFFER_REASSIGNED", ("self.x",))}, kinds
+
+
+def test_a_compiled_call_captured_into_a_pool_replays_on_the_live_input():
+    """A compiled region recorded by the emulated backend with a memory pool (as vLLM's and nano-vllm's captures
+    use): its own allocations go to the pool, and the replay reads the input as it is now."""
+    fn, calls = counted(lambda t: (t * 2).relu() + 1)
+    x = torch.linspace(-1, 1, 64).view(8, 8)
+    graph, pool = emulated.CUDAGraph(), emulated.graph_pool_handle()
+    with torch.no_grad():
+        fn(x)                                   # compiled before the capture, as engines warm up
+        with emulated.graph(graph, pool=pool):
+            out = fn(x)
+        x.copy_(x.flip(0))
+        graph.replay()
+    assert torch.equal(out, (x * 2).relu() + 1) and len(calls) >= 2
