@@ -52,9 +52,9 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -m "not gpu and not costly" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
-# Whole scenarios make test's budget cannot hold (pyproject's `costly` marker): issue 30's tree faults through the
-# mutation matrix, their corpus bugs, the sampled-tree scenario in every mode, concurrent runs against sequential
-# ones bit for bit (spawned workers), nano-vllm's own runner under the audit. CI runs them after make test (.ci/run).
+# Whole scenarios make test's 10 minutes cannot hold (pyproject's `costly` marker): every bug corpus grade, the
+# mutation matrix under the numerics seam, the tree, hybrid and overlap faults through parity run, concurrent runs
+# against sequential ones bit for bit, nano-vllm under the audit. CI runs them after make test (.ci/run).
 test-costly: $(STAMP)
 	PARITY_TEST_BUDGET_S=300 $(PY) -m pytest -m "costly and not gpu" tests -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
