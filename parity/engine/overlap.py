@@ -24,7 +24,7 @@ import torch
 from parity.engine import sampling
 from parity.engine.metadata import RowPlan
 from parity.engine.parts import EngineParts
-from parity.engine.spec_decode import ForwardEvent, SpecDecodeEngine
+from parity.engine.spec_decode import SpecDecodeEngine
 from parity.engine.staging import staged
 from parity.errors import ParityInputError
 
@@ -97,12 +97,7 @@ class OverlapEngine(SpecDecodeEngine):
         emitted = sampling.emit(rows, plans, starts, logits, self.config, k)
         verified = [(list(r.request.drafts), list(r.request.draft_logprobs), list(r.request.draft_gaps))
                     for r in rows]
-        if self.proposer is not None:
-            yield from self._draft(step, rows, plans, starts, emitted, features, records)
-        else:
-            for i, row in enumerate(rows):
-                row.request.tokens.extend(emitted[i][0])
-        yield ForwardEvent("step_end", step, self._forwards, logits=logits, num_rows=len(rows))
+        yield from self._draft_and_end(step, rows, plans, starts, emitted, features, records, logits)
         records.defer(records.step_entries(step, rows, starts, emitted, verified, k), host_logits, read)
         self._finish(rows)
 

@@ -182,12 +182,7 @@ class SpecDecodeEngine:
             emitted = sampling.emit(rows, plans, starts, logits, self.config, k)
             verified = [(list(r.request.drafts), list(r.request.draft_logprobs), list(r.request.draft_gaps))
                         for r in rows]
-        if self.proposer is not None:
-            yield from self._draft(step, rows, plans, starts, emitted, features, records)
-        else:
-            for i, row in enumerate(rows):
-                row.request.tokens.extend(emitted[i][0])
-        yield ForwardEvent("step_end", step, self._forwards, logits=logits, num_rows=len(rows))
+        yield from self._draft_and_end(step, rows, plans, starts, emitted, features, records, logits)
         # NOTE: target logprobs are read only now, after the drafter ran, like an
         # engine that copies outputs to the host asynchronously. A drafter that
         # overwrites live target outputs (a shared graph pool) shows up here.
@@ -198,6 +193,15 @@ class SpecDecodeEngine:
             records.record_step(step, rows, starts, emitted, verified, logits, k)
         self._finish(rows)
         target.settle(rows, plans, emitted)
+
+    def _draft_and_end(self, step, rows, plans, starts, emitted, features, records, logits):
+        """The drafter proposes the next tokens (without one, the verified tokens are emitted), then the step ends."""
+        if self.proposer is not None:
+            yield from self._draft(step, rows, plans, starts, emitted, features, records)
+        else:
+            for i, row in enumerate(rows):
+                row.request.tokens.extend(emitted[i][0])
+        yield ForwardEvent("step_end", step, self._forwards, logits=logits, num_rows=len(rows))
 
     def _draft(self, step, rows, plans, starts, emitted, features, records):
         """Draft prefill over the verified tokens, then K-1 draft decode steps.
