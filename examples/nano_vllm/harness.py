@@ -121,9 +121,9 @@ def generate(cls=None, dtype=torch.float16, around=None, padded=True, runners=No
     `runners`: a list the runner is appended to once built (its graphs are captured while it is built).
     """
     import contextlib
-    from examples.nano_vllm.platform import cpu_platform
+    from examples.nano_vllm.platform import platform
     cls = cls or runner_class()
-    with tempfile.TemporaryDirectory() as folder, cpu_platform(), (around or contextlib.nullcontext()):
+    with tempfile.TemporaryDirectory() as folder, platform(), (around or contextlib.nullcontext()):
         runner = make_runner(cls, Path(folder), dtype)
         if runners is not None:
             runners.append(runner)

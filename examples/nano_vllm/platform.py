@@ -1,12 +1,16 @@
-"""Where there is no GPU: a CUDA device and a one-process group for nano-vllm's runner, on the CPU.
+"""What nano-vllm's runner expects of the machine, stood in for the length of a block.
 
 nano-vllm's `ModelRunner` opens an NCCL process group, moves every per-step
 tensor to the GPU (`pin_memory=True`, `.cuda(non_blocking=True)`), sizes its KV
 cache from `torch.cuda.mem_get_info()` and captures with `torch.cuda.CUDAGraph`.
-`cpu_platform()` makes those calls mean their CPU counterparts for the length
+`platform()` makes those calls mean their CPU counterparts for the length
 of a block: graphs are `parity.audit.emulated`'s (same names, same semantics),
-"cuda" is the CPU, the process group has one rank. On a GPU machine only the
-process group is stood in for (one rank, no port opened).
+"cuda" is the CPU, the process group has one rank. On a GPU machine the process
+group is stood in for (one rank, no port opened) and `mem_get_info` describes
+a card on which nano-vllm's sizing rule (90% of the card, less what is used)
+leaves KV_BYTES for the cache: on the real card the cache takes 90% of the
+GPU and starves every other test sharing it. Either way the
+default device and dtype the runner sets are restored, even when it raises.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch.distributed as dist
 
 from parity.audit import emulated
 
-KV_BYTES = 8 << 20          # what mem_get_info reports free for the KV cache on the CPU
+KV_BYTES = 8 << 20          # what mem_get_info reports free for the KV cache
 
 
 def _patches(cuda: bool) -> dict:
@@ -26,7 +30,11 @@ def _patches(cuda: bool) -> dict:
              (dist, "get_rank"): lambda *a: 0, (dist, "get_world_size"): lambda *a: 1,
              (dist, "barrier"): lambda *a, **k: None}
     if cuda:
-        return group
+        def bounded(*_):        # the card nano-vllm's formula reads: KV_BYTES left at its 90% utilisation
+            stats = torch.cuda.memory_stats()
+            card = int((KV_BYTES + stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]) / 0.9)
+            return card + 1, card + 1
+        return {**group, (torch.cuda, "mem_get_info"): bounded}
     tensor, set_default_device = torch.tensor, torch.set_default_device
 
     def cpu_tensor(*args, pin_memory=False, **kwargs):
@@ -45,10 +53,11 @@ def _patches(cuda: bool) -> dict:
 
 
 @contextlib.contextmanager
-def cpu_platform():
-    """The stand-ins above for the block (restored after it)."""
+def platform():
+    """The stand-ins above for the block (restored after it, with the default device and dtype)."""
     patches = _patches(torch.cuda.is_available())
     saved = {key: getattr(*key) for key in patches}
+    device, dtype = torch.get_default_device(), torch.get_default_dtype()
     try:
         for (owner, name), value in patches.items():
             setattr(owner, name, value)
@@ -56,3 +65,5 @@ def cpu_platform():
     finally:
         for (owner, name), value in saved.items():
             setattr(owner, name, value)
+        torch.set_default_device(device)
+        torch.set_default_dtype(dtype)
