@@ -51,8 +51,8 @@ def test_overlapped_loop_equals_the_synchronous_loop_on_cuda(cuda_pair, mode):
 @pytest.mark.parametrize("name", ["rows-freed-before-readback", "count-copied-without-wait",
                                   "staging-rewritten-early"])
 def test_each_overlap_fault_is_named_on_cuda(cuda_pair, name):
-    from test_overlap_faults import MODE, diagnose
-    reference = run(cuda_pair, MODE, False, device="cuda")[0]
+    from test_overlap_faults import MODE, SPECS, diagnose
+    reference = run(cuda_pair, MODE, False, specs=SPECS, device="cuda")[0]
     stager = type("Slow", (SlowCopies, with_mixin(MUTATIONS[name].mixin)), {})
     found = diagnose(cuda_pair, reference, stager, device="cuda")
     assert found is not None and found.kind == STAGING_RACE
