@@ -69,7 +69,13 @@ def padded_kv_writes(lab: Divergence, run: str) -> list[int]:
     engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
     owner = engine.owner(event.owner)
     lab.restore(run)
-    real = set(owner.buffers["slot_mapping"][: event.dispatch.num_tokens].tolist())
+    # The real tokens' slots, as the persistent buffer (what a graph reads) and the metadata object (what an
+    # eager forward reads; a rebound field makes the two differ) hold them.
+    n = event.dispatch.num_tokens
+    real = set(owner.buffers["slot_mapping"][:n].tolist())
+    live = getattr(event.meta, "slot_mapping", None)
+    if isinstance(live, torch.Tensor):
+        real |= set(live[:n].tolist())
     before = _kv_rows(owner)
 
     def rerun(change) -> list[torch.Tensor]:

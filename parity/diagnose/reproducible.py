@@ -9,20 +9,20 @@ lands last, and the winner can change from launch to launch. Every experiment
 on such a forward is a coin flip, and the first one that happens to match
 would name a cause it did not isolate.
 
-So before any experiment the divergent forward is re-run from its pre-state,
-twice in the reference and twice in the graph run. When either does not
-reproduce its outputs, no one-variable experiment is run. Two observations
-decide what is said instead:
+So before any experiment two observations are made:
 
-1. the first-layer KV rows that differ between the re-runs (a real token's
-   first-layer key and value depend on its own inputs alone, so a row that
-   moves there was raced for);
-2. the real KV slots the padded tokens write (`padding.padded_kv_writes`: a
-   write set, which a race cannot hide).
-
-When the raced rows are all slots the padded tokens write, the race is theirs:
-PADDING_LEAK(slot_mapping). Otherwise UNEXPLAINED, saying the forward is not
-reproducible and what was seen.
+1. the real KV slots the padded tokens of the reference write
+   (`padding.padded_kv_writes`: a write set, which a race cannot hide). Any
+   such slot breaks the padding contract on its own, and it is where a race
+   would sit: PADDING_LEAK(slot_mapping), without a one-variable experiment.
+   Two re-runs that happen to agree do not make such a forward safe to
+   experiment on: a later experiment's re-run can lose the race and "restore
+   parity", naming a cause it did not isolate.
+2. otherwise the divergent forward is re-run from its pre-state, twice in the
+   reference and twice in the graph run; when either does not reproduce its
+   outputs, the diagnosis is UNEXPLAINED, saying so and which first-layer KV
+   rows moved (a real token's first-layer key and value depend on its own
+   inputs alone).
 """
 
 from __future__ import annotations
@@ -56,7 +56,16 @@ def unstable(lab: Divergence, run: str) -> tuple[float, set[int]]:
 
 
 def stage(lab: Divergence) -> Diagnosis | None:
-    """None when both runs reproduce the divergent forward; otherwise the diagnosis that says they do not."""
+    """PADDING_LEAK when the reference's padded tokens write real KV slots at the divergent forward; else None
+    when both runs reproduce it; else UNEXPLAINED, saying that they do not."""
+    stray = set(padded_kv_writes(lab, "ref"))
+    if stray:
+        return lab.diagnosis(PADDING_LEAK, ["slot_mapping"], evidence=[
+            f"the padded reference's padded tokens write the KV cache of real requests: slots {_slots(stray)}",
+            "several tokens writing one slot in one kernel race on CUDA (which write lands last is not fixed), "
+            "so no one-variable experiment is run on this forward"], ruled_out=[],
+            experiment="re-run the forward from its pre-state, plain and with only its padded tokens' inputs "
+                       "poisoned: the KV rows its padded tokens write, less the rows its real tokens own")
     runs = {"reference": unstable(lab, "ref"), "graph run": unstable(lab, "graph")}
     if not any(delta for delta, _ in runs.values()):
         return None
@@ -65,20 +74,11 @@ def stage(lab: Divergence) -> Diagnosis | None:
                 f"max |Δ| {delta:.3g}): it is not deterministic" for run, (delta, _) in runs.items() if delta]
     if raced:
         evidence.append(f"first-layer KV rows that differ between re-runs: slots {_slots(raced)}")
-    stray = set(padded_kv_writes(lab, "ref"))
-    if stray:
-        evidence.append(f"padded tokens write the KV cache of real requests: slots {_slots(stray)}")
-    if raced and raced <= stray:
-        evidence.append("the rows that differ between re-runs are slots padded tokens write: several tokens write "
-                        "one slot in one kernel, and which write lands last is not fixed")
-        return lab.diagnosis(PADDING_LEAK, ["slot_mapping"], evidence=evidence, ruled_out=[],
-                             experiment="re-run the forward from its pre-state: the first-layer KV rows that "
-                                        "differ between re-runs, against the slots its padded tokens write")
     evidence.append("every one-variable experiment compares re-runs bit for bit; on a forward that is not "
                     "reproducible none can isolate a cause")
-    ruled_out = ["a race between padded and real KV writes" + (" (no real slot is written by a padded token)"
-                                                               if not stray else " (other rows differ too)")]
-    return lab.diagnosis(UNEXPLAINED, [], evidence=evidence, ruled_out=ruled_out)
+    return lab.diagnosis(UNEXPLAINED, [], evidence=evidence,
+                         ruled_out=["a race between padded and real KV writes (no real slot is written by a "
+                                    "padded token)"])
 
 
 def _slots(rows: set[int]) -> str:
