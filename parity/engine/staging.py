@@ -15,8 +15,11 @@ rewrite read-back rows). `landed` is the experiments' own mark right after each
 copy: never waited on unless `sync` asks, so it changes nothing by itself.
 
 `sync` (key -> SYNC, REUSE or CONSUME) is the STAGING_RACE experiment's lever:
-SYNC makes a key's staging synchronous (a blocking copy on the compute stream, as the
-synchronous loop does it); REUSE waits the key's copy before its slot or read-back
+SYNC makes a key's staging race-free without a host wait: its copy runs on the compute
+stream, ordered with the forwards, from a slot of its own that is never rewritten (a
+blocking copy, as the synchronous loop makes, is a host sync that stalls every other copy
+too: on CUDA that changes the timing of every race, and the experiment would no longer
+vary one buffer; measured on an H100, where it named input_ids for every fault); REUSE waits the key's copy before its slot or read-back
 rows are written again; CONSUME waits it before the forward that reads it. Keys are
 "<owner>.<buffer>".
 """
@@ -58,7 +61,8 @@ class Stager:
         """The slot of `key`, at least as large as `like`: on the host (page-locked with a CUDA device), or
         `on_device` beside `like`."""
         self.keys[key] = None
-        if key not in self.slots or self.slots[key].numel() < like.numel():
+        fresh = self.sync.get(key) == SYNC       # a slot never rewritten: nothing for the host to wait for
+        if fresh or key not in self.slots or self.slots[key].numel() < like.numel():
             if on_device:
                 self.slots[key] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
             else:
@@ -91,7 +95,7 @@ class Stager:
         for key, (destination, n) in self.staged.items():
             target, source = destination.view(-1)[:n], self.slots[key][:n]
             if self.sync.get(key) == SYNC:
-                target.copy_(source)
+                target.copy_(source, non_blocking=True)    # ordered with the forwards, no host sync
                 self.mark(key, compute)
             else:
                 self.issue(key, target, source, self.copy_stream)
