@@ -59,21 +59,23 @@ def stage(lab: Divergence) -> Diagnosis | None:
     """PADDING_LEAK when the reference's padded tokens write real KV slots at the divergent forward; else None
     when both runs reproduce it; else UNEXPLAINED, saying that they do not."""
     stray = set(padded_kv_writes(lab, "ref"))
-    if stray:
-        return lab.diagnosis(PADDING_LEAK, ["slot_mapping"], evidence=[
-            f"the padded reference's padded tokens write the KV cache of real requests: slots {_slots(stray)}",
-            "several tokens writing one slot in one kernel race on CUDA (which write lands last is not fixed), "
-            "so no one-variable experiment is run on this forward"], ruled_out=[],
-            experiment="re-run the forward from its pre-state, plain and with only its padded tokens' inputs "
-                       "poisoned: the KV rows its padded tokens write, less the rows its real tokens own")
     runs = {"reference": unstable(lab, "ref"), "graph run": unstable(lab, "graph")}
-    if not any(delta for delta, _ in runs.values()):
-        return None
     raced = set().union(*(rows for _, rows in runs.values()))
     evidence = [f"the {run}'s forward does not reproduce its own outputs from its pre-state ({RERUNS} re-runs, "
                 f"max |Δ| {delta:.3g}): it is not deterministic" for run, (delta, _) in runs.items() if delta]
     if raced:
         evidence.append(f"first-layer KV rows that differ between re-runs: slots {_slots(raced)}")
+    if stray:
+        evidence.append(f"the padded reference's padded tokens write the KV cache of real requests: slots "
+                        f"{_slots(stray)}")
+        evidence.append("several tokens writing one slot in one kernel race on CUDA (which write lands last is "
+                        "not fixed), so no one-variable experiment is run on this forward")
+        return lab.diagnosis(PADDING_LEAK, ["slot_mapping"], evidence=evidence, ruled_out=[],
+                             experiment="re-run the forward from its pre-state, plain and with only its padded "
+                                        "tokens' inputs poisoned: the KV rows its padded tokens write, less the "
+                                        "rows its real tokens own")
+    if not evidence:
+        return None
     evidence.append("every one-variable experiment compares re-runs bit for bit; on a forward that is not "
                     "reproducible none can isolate a cause")
     return lab.diagnosis(UNEXPLAINED, [], evidence=evidence,
