@@ -92,5 +92,6 @@ def paused_gc():
 
 
 def cuda_capturing() -> bool:
-    """True inside a CUDA stream capture (False on machines without CUDA)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """True inside a CUDA stream capture. A process that has not initialised CUDA captures nothing, and asking
+    would initialise it: in a child forked from a CUDA process that fails ("initialization error")."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()

@@ -109,12 +109,13 @@ class Region:
 
     def dry_run(self) -> None:
         """Learn `reads` and `writes` from the eager twin, leaving no trace (see the module docstring)."""
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        # Only a process that initialised CUDA can be capturing or have used its RNG; asking initialises it.
+        capturing = torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
         trace = _DryTrace(undo=not capturing)
         _STATE["dry"] = True
         with _disable_current_modes():          # neither the program's modes nor the audit's see the twin
             rng = torch.get_rng_state()
-            cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_available() and not capturing else None
+            cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_initialized() and not capturing else None
             try:
                 if capturing:
                     _captured_away(trace, self.fn, self.args, self.kwargs)
