@@ -149,3 +149,28 @@ def test_a_built_wide_vocab_pair_drafts_trees_past_depth_two(tmp_path, monkeypat
     chain = SpecDecodeEngine(pair.target, pair.head, EngineConfig(num_speculative_tokens=3, **common)).run(specs)
     first = accepted_per_position(chain, 3)[0] / chain.drafts.groupby(["step", "req_id"]).ngroups
     assert 0.6 <= first <= 0.95, first
+
+
+@pytest.mark.gpu
+def test_the_1b_pair_on_cuda_is_peaked_and_its_trees_get_deep(tmp_path):
+    """llama3-1b (the real vocabulary, tied embeddings) built on CUDA in bf16: the calibrated peak holds at the
+    scale bf16 stores, and eagle-tree's nodes reach depth 3 (eager only: the build is most of the 30 s)."""
+    from parity.cli import main
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    out = tmp_path / "llama3-1b"
+    info = synth.synthesize(SynthRequest("llama3-1b", "eagle1", 0.8, "bfloat16", str(out), 0, "cuda"),
+                            progress=print)
+    assert abs(info["peak"]["measured"] - REAL_PEAK) <= PEAK_TOLERANCE, info["peak"]
+    assert info["peak"]["logit_scale"] == float(torch.tensor(info["peak"]["logit_scale"], dtype=torch.bfloat16))
+    run = tmp_path / "run"
+    code = main(["run", "--model", "local", "--target-path", str(out / "target"), "--draft-path", str(out / "eagle1"),
+                 "--dtype", "bfloat16", "--backend", "cuda", "--scenario", str(ROOT / "scenarios" / "eagle-tree.yaml"),
+                 "--modes", "eager", "--out", str(run), "--quiet"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert code == 0 and summary["verdict"] == "pass", summary["modes"]
+    import pandas as pd
+
+    drafts = pd.read_parquet(run / "records.parquet")
+    assert drafts.draft_index.max() >= 2, sorted(set(drafts.draft_index))
