@@ -33,6 +33,9 @@ def register(sub) -> None:
                        help="MTP heads: num_nextn_predict_layers, one layer per draft position (default 1: reused)")
     synth.add_argument("--acceptance", type=float, default=0.8,
                        help="share of positions where the target's greedy token is the draft's (0..1, default 0.8)")
+    synth.add_argument("--peak", type=float, default=None,
+                       help="the draft's mean top-1 probability to calibrate the logit scale to (0: none; default "
+                            "0.6 for the llama3 shapes, none for tiny; docs/tree.md)")
     synth.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 (default) or float16")
     synth.add_argument("--out", required=True, help="a new (or empty) folder for target/, the head and synth_info.json")
     synth.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
@@ -61,7 +64,7 @@ def main(args) -> int:
 def synth(args) -> int:
     """Write a random-weights target + EAGLE head calibrated to --acceptance into --out (exit 2 on bad input)."""
     request = SynthRequest(args.shape, args.head, args.acceptance, args.dtype, args.out, args.seed, args.device,
-                           args.mtp_layers, args.hybrid_every)
+                           args.mtp_layers, args.hybrid_every, args.peak)
     if args.at_load:
         check_out(Path(args.out))
         write_recipe(Path(args.out), args.shape, args.head, args.seed, args.scale or DEFAULT_SCALE,

@@ -24,6 +24,7 @@ from parity.builders.shards import SHARD_BYTES, write_safetensors
 from parity.builders.synth import weights as synth_weights
 from parity.builders.synth.mtp_weights import mtp_state
 from parity.builders.synth.calibrate import START, TOLERANCE, Calibration, calibrate, calibration_tokens
+from parity.builders.synth.peak import Peak, calibrate_peak
 from parity.builders.synth.spec import (INFO_FILE, TARGET_FOLDER, SynthRequest, SynthShape, head_config,
                                         target_config)
 from parity.builders.synth.tokenizer import write_tokenizer
@@ -128,6 +129,7 @@ def _build(request: SynthRequest, device: torch.device, staging: Path, progress)
     progress(f"synth {shape.name} + {request.head}: {count} target parameters in {request.dtype} on {device}, "
              f"seed {seed}")
     target = synth_weights.build_target(shape, config, seed, START, frequent, dtype, device)
+    peak = _calibrate_peak(request, target, frequent, device, progress)
     progress(f"calibrating the target's o_proj/down_proj scale for agreement {request.acceptance} with the "
              f"draft's bigram:")
     calibration = calibrate(target, shape, frequent, seed, request.acceptance, request.head == "eagle3", progress)
@@ -136,21 +138,36 @@ def _build(request: SynthRequest, device: torch.device, staging: Path, progress)
     if abs(calibration.agreement - request.acceptance) > 5 * TOLERANCE:
         progress(f"note: the closest agreement reached is {calibration.agreement:.3f}")
     raw_head_config = head_config(shape, request.head, request.mtp_layers)
-    head_cfg = LlamaConfig.from_dict(raw_head_config)
-    if request.head.startswith("mtp-"):
-        tokens = calibration_tokens(frequent, seed).to(device)
-        head_state = mtp_state(head_cfg, request.head, shape, target, seed, tokens, dtype, device)
-    elif request.head == "eagle3":
-        head_state = synth_weights.eagle3_state(head_cfg, shape, target, frequent, seed, dtype, device)
-    else:
-        tokens = calibration_tokens(frequent, seed).to(device)
-        head_state = synth_weights.eagle1_state(head_cfg, shape, target, seed, tokens, dtype, device)
+    head_state = _head_state(request, LlamaConfig.from_dict(raw_head_config), target, frequent, peak, device)
     _write_target(target, shape, dtype, staging / TARGET_FOLDER, progress, request.recurrent_layers)
     del target
     _write_folder(head_state, raw_head_config, dtype, staging / request.head, progress)
-    info = synth_info(request, device, calibration)
+    info = synth_info(request, device, calibration, peak)
     (staging / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def _calibrate_peak(request: SynthRequest, target, frequent, device, progress) -> Peak | None:
+    """The logit scale for the request's peak, set on the target (None: no peak requested)."""
+    if request.draft_peak is None:
+        return None
+    tokens = calibration_tokens(frequent, request.seed).to(device)
+    peak = calibrate_peak(target, request.spec, tokens, request.draft_peak,
+                          frequent if request.head == "eagle3" else None)
+    progress(f"chose logit scale {peak.scale:.4g}: the draft's top token holds {peak.peak:.3f} of its probability "
+             f"on average (requested {peak.requested}, {peak.positions} positions, {len(peak.trials)} scales tried)")
+    return peak
+
+
+def _head_state(request: SynthRequest, head_cfg: LlamaConfig, target, frequent, peak: Peak | None, device) -> dict:
+    shape, dtype, seed = request.spec, request.torch_dtype, request.seed
+    scale, gain = (peak.scale, peak.head_gain) if peak is not None else (1.0, 1.0)
+    tokens = calibration_tokens(frequent, seed).to(device)
+    if request.head.startswith("mtp-"):
+        return mtp_state(head_cfg, request.head, shape, target, seed, tokens, dtype, device, scale)
+    if request.head == "eagle3":
+        return synth_weights.eagle3_state(head_cfg, shape, target, frequent, seed, dtype, device, scale)
+    return synth_weights.eagle1_state(head_cfg, shape, target, seed, tokens, dtype, device, scale, gain)
 
 
 def _config_json(raw: dict, dtype: torch.dtype) -> dict:
@@ -178,7 +195,7 @@ def _write_target(target, shape: SynthShape, dtype: torch.dtype, folder: Path, p
     write_tokenizer(folder, shape.vocab_size, shape.max_position_embeddings)
 
 
-def synth_info(request: SynthRequest, device: torch.device, calibration: Calibration) -> dict:
+def synth_info(request: SynthRequest, device: torch.device, calibration: Calibration, peak: Peak | None = None) -> dict:
     """synth_info.json: what was asked, what calibration measured, and how the weights were made."""
     import safetensors
     import transformers
@@ -191,6 +208,10 @@ def synth_info(request: SynthRequest, device: torch.device, calibration: Calibra
         "calibration": {"positions": calibration.positions, "start_scale": START, "tolerance": TOLERANCE,
                         "trials": [{"scale": t.scale, "agreement": round(t.agreement, 6)} for t in calibration.trials]},
         "draft_vocab_size": shape.draft_vocab_size if request.head == "eagle3" else shape.vocab_size,
+        "peak": None if peak is None else {
+            "requested": peak.requested, "logit_scale": peak.scale, "measured": round(peak.peak, 6),
+            "head_gain": peak.head_gain, "positions": peak.positions,
+            "trials": [{"scale": s, "peak": round(p, 6)} for s, p in peak.trials]},
         "recipe": {"init_std": synth_weights.INIT_STD, "head_branch_scale": synth_weights.HEAD_BRANCH_SCALE,
                    "head_attention_mix": synth_weights.HEAD_ATTN_MIX,
                    "hidden_mix": synth_weights.HIDDEN_MIX, "rare_token_gain": synth_weights.RARE_TOKEN_GAIN,

@@ -47,6 +47,9 @@ class SynthShape:
     rope_theta: float = 500000.0
     rope_scaling: tuple[tuple[str, float], ...] = ()   # Llama-3.1+ "llama3" frequency scaling, as pairs
     rms_norm_eps: float = 1e-5
+    # The draft's mean top-1 probability a build calibrates to by default (peak.py); None: Llama's init as is
+    # (at 128256 tokens a nearly flat draft, every log-probability about -11.7).
+    peak: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -66,22 +69,24 @@ class SynthShape:
             raise ValueError(f"shape {self.name}: eagle3_aux_layers must be 3 ids in 0..{self.num_hidden_layers}")
 
 
+# Real EAGLE heads put 0.3-0.9 of their mass on their top token; the real shapes' pairs are built at this.
+REAL_PEAK = 0.6
 LLAMA3_SCALING = (("factor", 32.0), ("low_freq_factor", 1.0), ("high_freq_factor", 4.0),
                   ("original_max_position_embeddings", 8192))
 
 SHAPES: dict[str, SynthShape] = {s.name: s for s in [
     SynthShape("llama3-8b", num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
                head_dim=128, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
-               max_position_embeddings=8192, draft_vocab_size=32000, eagle3_aux_layers=(2, 16, 29),
+               max_position_embeddings=8192, draft_vocab_size=32000, eagle3_aux_layers=(2, 16, 29), peak=REAL_PEAK,
                description="Meta-Llama-3-8B (8.0B parameters, untied embeddings)"),
     SynthShape("llama3-70b", num_hidden_layers=80, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
                head_dim=128, intermediate_size=28672, vocab_size=128256, tie_word_embeddings=False,
-               max_position_embeddings=8192, draft_vocab_size=32000, eagle3_aux_layers=(2, 40, 77),
+               max_position_embeddings=8192, draft_vocab_size=32000, eagle3_aux_layers=(2, 40, 77), peak=REAL_PEAK,
                description="Meta-Llama-3-70B (70.6B parameters, untied embeddings); tensor parallel, generated "
                            "on each rank's GPU at load (--at-load, docs/tp.md)"),
     SynthShape("llama3-1b", num_hidden_layers=16, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
                head_dim=64, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True,
-               max_position_embeddings=131072, draft_vocab_size=32000, eagle3_aux_layers=(2, 8, 13),
+               max_position_embeddings=131072, draft_vocab_size=32000, eagle3_aux_layers=(2, 8, 13), peak=REAL_PEAK,
                rope_scaling=LLAMA3_SCALING, description="Llama-3.2-1B (1.2B parameters, tied embeddings)"),
     SynthShape("tiny", num_hidden_layers=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
                head_dim=32, intermediate_size=384, vocab_size=512, tie_word_embeddings=False,
@@ -103,6 +108,7 @@ class SynthRequest:
     device: str = "auto"
     mtp_layers: int = 1      # MTP heads: num_nextn_predict_layers
     hybrid_every: int = 0    # a hybrid target: every Nth layer (N-1, 2N-1, ...) a recurrent mixer; 0: attention only
+    peak: float | None = None   # the draft's mean top-1 probability (peak.py); None: the shape's; 0: none
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -125,12 +131,20 @@ class SynthRequest:
         if self.hybrid_every and self.head != "eagle1":
             raise ParityInputError(f"--hybrid targets are built with the eagle1 head (the drafter stays attention-only), "
                                    f"not {self.head}")
+        if self.peak is not None and (not isinstance(self.peak, (int, float)) or not 0.0 <= self.peak < 1.0):
+            raise ParityInputError(f"--peak must be in [0, 1) (0: no calibrated peak), got {self.peak!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ParityInputError(f"--seed must be a non-negative integer, got {self.seed!r}")
 
     @property
     def spec(self) -> SynthShape:
         return SHAPES[self.shape]
+
+    @property
+    def draft_peak(self) -> float | None:
+        """The mean top-1 probability to calibrate the pair to, or None for Llama's init as is."""
+        peak = self.spec.peak if self.peak is None else self.peak
+        return peak or None
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:

@@ -146,13 +146,19 @@ def set_branch_scale(model: LlamaForCausalLM, shape: SynthShape, seed: int, scal
 
 
 @torch.no_grad()
-def branch_free_hidden(model: LlamaForCausalLM, shape: SynthShape, ids: torch.Tensor) -> torch.Tensor:
-    """The target's final hidden state for `ids` with every scaled branch off: what the heads draft from."""
+def branch_free_residual(model: LlamaForCausalLM, shape: SynthShape, ids: torch.Tensor) -> torch.Tensor:
+    """The target's residual stream for `ids` after its last layer, every scaled branch off (before the norm)."""
     hidden = model.model.embed_tokens(ids)
     if keeps_first_mlp(shape):
         layer = model.model.layers[0]
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return model.model.norm(hidden)
+    return hidden
+
+
+@torch.no_grad()
+def branch_free_hidden(model: LlamaForCausalLM, shape: SynthShape, ids: torch.Tensor) -> torch.Tensor:
+    """The target's final hidden state for `ids` with every scaled branch off: what the heads draft from."""
+    return model.model.norm(branch_free_residual(model, shape, ids))
 
 
 def _pass_through(size, gain: float, dtype, device) -> torch.Tensor:
@@ -174,10 +180,14 @@ def _head_layer_tensor(name: str, size, shape: SynthShape, target: LlamaForCausa
 
 @torch.no_grad()
 def eagle1_state(config: LlamaConfig, shape: SynthShape, target: LlamaForCausalLM, seed: int, tokens: torch.Tensor,
-                 dtype, device) -> dict[str, torch.Tensor]:
+                 dtype, device, scale: float = 1.0, gain: float = 1.0) -> dict[str, torch.Tensor]:
     """The EAGLE-1 head's checkpoint tensors (published names), drafting the target's bigram.
 
     `tokens` [B, T]: sequences on which the attention's o_proj is sized (`_size_eagle1_attention`).
+    `scale`: the target's final norm weight (peak.py); `gain`: the head's output scale that matches it.
+    Every branch of the layer is `gain` times the unit recipe's, so its output, the next step's hidden
+    input as the target's features are, is too; q and k are divided by it, so attention weights are
+    the unit recipe's.
     """
     with torch.device("meta"):
         layout = Eagle1Head(config).head_state_dict()
@@ -187,18 +197,24 @@ def eagle1_state(config: LlamaConfig, shape: SynthShape, target: LlamaForCausalL
         if name == "fc.weight":
             # The hidden half sees the target's final-normed features (rms ~1); the embedding
             # half a token embedding (rms INIT_STD): noise of this std mixes in HIDDEN_MIX of it.
-            tensor = normal(meta.shape, HIDDEN_MIX * INIT_STD / h ** 0.5, seed, "head/" + name, dtype, device)
-            tensor[:, :h] = _pass_through((h, h), 1.0, dtype, device)
+            # NOTE: the hidden half reads features of rms `scale`: the noise keeps HIDDEN_MIX of gain x embedding.
+            std = HIDDEN_MIX * INIT_STD / h ** 0.5 * (gain / scale)
+            tensor = normal(meta.shape, std, seed, "head/" + name, dtype, device)
+            tensor[:, :h] = _pass_through((h, h), gain, dtype, device)
         else:
             tensor = _head_layer_tensor(name, meta.shape, shape, target, seed, dtype, device)
+            if gain != 1.0 and name.endswith(("q_proj.weight", "k_proj.weight")):
+                tensor.div_(gain)
+            elif gain != 1.0 and name.endswith("down_proj.weight"):
+                tensor.mul_(gain)
         state[name] = tensor
-    _size_eagle1_attention(state, config, target, tokens)
+    _size_eagle1_attention(state, config, target, tokens, gain)
     return state
 
 
 def _size_eagle1_attention(state: dict[str, torch.Tensor], config: LlamaConfig, target: LlamaForCausalLM,
-                           tokens: torch.Tensor) -> None:
-    """Rescale the head's o_proj so its attention output has HEAD_ATTN_MIX of the embeddings' rms on `tokens`.
+                           tokens: torch.Tensor, gain: float) -> None:
+    """Rescale the head's o_proj so its attention output has HEAD_ATTN_MIX of gain x the embeddings' rms.
 
     NOTE: the head reads un-normalised embeddings (no input layernorm), so with Llama's init its
     attention output would be ~0 at hidden 128 and as large as the embedding at 4096; sized by
@@ -218,7 +234,7 @@ def _size_eagle1_attention(state: dict[str, torch.Tensor], config: LlamaConfig, 
     attn, _ = head.layers[0].self_attn(hidden_states=fused, attention_mask=None,
                                        position_embeddings=head.rotary_emb(fused, position_ids=positions))
     rms = lambda x: x.float().pow(2).mean().sqrt()   # noqa: E731
-    state["layers.0.self_attn.o_proj.weight"].mul_(float(HEAD_ATTN_MIX * rms(embeds) / rms(attn)))
+    state["layers.0.self_attn.o_proj.weight"].mul_(float(HEAD_ATTN_MIX * gain * rms(embeds) / rms(attn)))
 
 
 EAGLE3_FIXED = {   # published name -> gain of the identity on the embedding half
@@ -229,8 +245,9 @@ EAGLE3_FIXED = {   # published name -> gain of the identity on the embedding hal
 
 @torch.no_grad()
 def eagle3_state(config: LlamaConfig, shape: SynthShape, target: LlamaForCausalLM, frequent: torch.Tensor,
-                 seed: int, dtype, device) -> dict[str, torch.Tensor]:
-    """The EAGLE-3 head's checkpoint tensors (published names), drafting the bigram over `frequent`."""
+                 seed: int, dtype, device, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """The EAGLE-3 head's checkpoint tensors (published names), drafting the bigram over `frequent`;
+    its final norm weight is the target's, `scale` (peak.py)."""
     with torch.device("meta"):
         layout = Eagle3Head(config).head_state_dict()
     state = {}
@@ -239,6 +256,8 @@ def eagle3_state(config: LlamaConfig, shape: SynthShape, target: LlamaForCausalL
             tensor = _pass_through(meta.shape, EAGLE3_FIXED[name], dtype, device)
         elif name == "midlayer.hidden_norm.weight":
             tensor = torch.full(meta.shape, HIDDEN_MIX * INIT_STD, dtype=dtype, device=device)
+        elif name == "norm.weight":
+            tensor = torch.full(meta.shape, scale, dtype=dtype, device=device)
         elif name == "lm_head.weight":
             tensor = target.lm_head.weight[frequent.to(device)].clone()
         elif name == "d2t":
