@@ -22,7 +22,7 @@ from parity.faults.catalog import FAULTS
 from parity.graphs.modes import MODES
 from parity.harness.tp_session import TpLaunch, init_rank
 from parity.models import tp
-from parity.models.tp_registered import RegisteredAllReduce
+from parity.models.tp_registered import SLOT_TOKENS, RegisteredAllReduce
 from tests.robustkit import call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +52,8 @@ def _rebound_rank(rank: int, folder: str) -> None:
     found["eager"] = layer(torch.full((2, 3), 100.0 * (rank + 1))).tolist()   # stages into the new buffer
     segment.replay()                                             # stages 10s and 20s into the old one
     found["stale"] = out.tolist()
+    # A call larger than a slot takes the backend's collective (as custom all-reduces fall back to NCCL).
+    found["large"] = layer(torch.full((SLOT_TOKENS + 1, 3), float(rank + 1))).unique().tolist()
     Path(folder, f"r{rank}.json").write_text(json.dumps(found))
     dist.destroy_process_group()
     tp.deactivate()
@@ -68,6 +70,7 @@ def test_a_registered_all_reduce_replays_the_registered_buffer_not_the_captured_
         # The graph staged 10 and 20 into the buffer it captured and read every rank's registered one, where the
         # eager call left its sum (the reduction is in place): 300 + 300, not 10 + 20.
         assert found["stale"] == [[600.0] * 3] * 2
+        assert found["large"] == [3.0]
 
 
 def _run(tmp: Path, *extra: str, modes: str = "all") -> tuple[int, dict, Path]:

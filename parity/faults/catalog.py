@@ -169,11 +169,13 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "issue 33", "tp-registered", GRAPH_MODES,
           "after capture a re-register path gives the first row-parallel layer's registered all-reduce buffer a "
           "fresh slot and rebinds `out` to it: graphs stage the partial product into the buffer they captured while "
-          "every rank reads the one now registered", tp=2, args=("--tp-all-reduce", "registered")),
+          "every rank reads the one now registered (run with --tp 2 --tp-all-reduce registered)", tp=2,
+          args=("--tp-all-reduce", "registered")),
     Fault("tp-workspace-reallocated", BUFFER_REASSIGNED, ("out",), "GraphExecutor._capture (registered all-reduce)",
           "issue 33", "tp-registered", GRAPH_MODES,
           "the registered all-reduce's workspace is reallocated after the first graph size is captured: every "
-          "row-parallel buffer moves, the graph captured first replays against the old workspace", tp=2,
+          "row-parallel buffer moves, the graph captured first replays against the old workspace (run with --tp 2 "
+          "--tp-all-reduce registered)", tp=2,
           args=("--tp-all-reduce", "registered")),
     Fault("padded-state-rows-slot-zero", PADDING_LEAK, ("spec_index",),
           "StateIndexSteps.write_state (hybrid)", "tokenspeed #700, AReno #509", "hybrid", GRAPH_MODES,
