@@ -54,7 +54,7 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
             return ["run", *pair, "--backend", backend,
                     "--scenario", str(home_scenario(FAULTS[name], scenarios_dir)), "--modes", ",".join(MODES),
                     "--inject", name, "--out", str(Path(tmp) / name), "--quiet", *extra,
-                    *(["--tp", str(FAULTS[name].tp)] if FAULTS[name].tp > 1 else [])]
+                    *(["--tp", str(FAULTS[name].tp)] if FAULTS[name].tp > 1 else []), *FAULTS[name].args]
 
         def summary(name: str, code: int, output: str) -> dict:
             out = Path(tmp) / name

@@ -49,6 +49,9 @@ def add_tp_options(p) -> None:
                    help="tensor-parallel ranks (the target sharded over N processes; docs/tp.md)")
     p.add_argument("--tp-timeout", type=positive, default=120.0, metavar="SECONDS",
                    help="how long a collective or a descriptor exchange may wait for a peer rank")
+    p.add_argument("--tp-all-reduce", choices=("collective", "registered"), default="collective",
+                   help="the row-parallel all-reduce: the backend's collective (NCCL, gloo), or a custom all-reduce "
+                        "through registered buffers every rank maps (docs/tp.md); no effect at --tp 1")
 
 
 def main(args) -> int:
@@ -60,7 +63,7 @@ def main(args) -> int:
         return _rank_plan(request, args.tp)
     check_out(args)
     with tempfile.TemporaryDirectory(prefix="parity-tp-") as folder:
-        launch = TpLaunch(args.tp, device.type == "cuda", Path(folder), args.tp_timeout)
+        launch = TpLaunch(args.tp, device.type == "cuda", Path(folder), args.tp_timeout, args.tp_all_reduce)
         statuses = run_ranks(args, launch)
         summaries = {r: json.loads((launch.folder / f"rank{r}" / "summary.json").read_text())
                      for r in statuses if (launch.folder / f"rank{r}" / "summary.json").is_file()}

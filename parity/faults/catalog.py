@@ -46,6 +46,8 @@ class Fault:
     head: str = ""
     # The tensor-parallel ranks it needs (`parity run --tp N`): the TP faults strike a rank other than 0
     tp: int = 1
+    # More `parity run` arguments it needs (the registered all-reduce: `--tp-all-reduce registered`)
+    args: tuple[str, ...] = ()
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
@@ -163,6 +165,18 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "tp-short", GRAPH_MODES,
           "one rank blocks on the host before its third graphed forward: its peers wait for it; the descriptor "
           "exchange times out and names it (stalled), and the launcher ends it", tp=2),
+    Fault("tp-all-reduce-buffer-rebound", BUFFER_REASSIGNED, ("out",), "RowParallelLinear.out (re-register path)",
+          "issue 33", "tp-registered", GRAPH_MODES,
+          "after capture a re-register path gives the first row-parallel layer's registered all-reduce buffer a "
+          "fresh slot and rebinds `out` to it: graphs stage the partial product into the buffer they captured while "
+          "every rank reads the one now registered (run with --tp 2 --tp-all-reduce registered)", tp=2,
+          args=("--tp-all-reduce", "registered")),
+    Fault("tp-workspace-reallocated", BUFFER_REASSIGNED, ("out",), "GraphExecutor._capture (registered all-reduce)",
+          "issue 33", "tp-registered", GRAPH_MODES,
+          "the registered all-reduce's workspace is reallocated after the first graph size is captured: every "
+          "row-parallel buffer moves, the graph captured first replays against the old workspace (run with --tp 2 "
+          "--tp-all-reduce registered)", tp=2,
+          args=("--tp-all-reduce", "registered")),
     Fault("padded-state-rows-slot-zero", PADDING_LEAK, ("spec_index",),
           "StateIndexSteps.write_state (hybrid)", "tokenspeed #700, AReno #509", "hybrid", GRAPH_MODES,
           "padded rows' state index is slot 0, not the sentinel: they write their state over the provisional states "

@@ -62,6 +62,8 @@ MUTATIONS: dict[str, Mutation] = {
     "tp-seq-lens-rank0-only": Mutation(("target_builder",), tp.SeqLensRefreshedOnRankZero),
     "tp-rank-pads-up": Mutation(("executor",), tp.OneRankPadsUp),
     "tp-rank-stalls": Mutation(("executor",), tp.OneRankStalls),
+    "tp-all-reduce-buffer-rebound": Mutation(("executor",), tp.RegisteredBufferRebound),
+    "tp-workspace-reallocated": Mutation(("executor",), tp.WorkspaceReallocatedBetweenCaptures),
     "padded-state-rows-slot-zero": Mutation(("target_builder",), h.PaddedStateRowsSlotZero),
     "state-index-from-tail": Mutation(("target_builder",), h.StateIndexFromTail),
     "spec-state-into-null-block": Mutation(("target_builder",), h.SpecStateIntoNullBlock),

@@ -50,3 +50,42 @@ class OneRankStalls:
             if self._graphed == 3:
                 threading.Event().wait()
         return super().execute(dispatch, fn, meta)
+
+
+def _row_parallel_layers(holder) -> list:
+    """The row-parallel layers of the owner's model that hold a registered all-reduce buffer, in order."""
+    model = getattr(holder, "model", None)
+    return [m for m in (model.modules() if model is not None else ()) if getattr(m, "out", None) is not None
+            and getattr(m, "comm", None) is not None]
+
+
+class RegisteredBufferRebound:
+    """After the target's graphs are captured, a re-register path registers the first row-parallel layer's
+    all-reduce buffer anew and rebinds `out` to the fresh one instead of keeping the buffer it had: eager calls
+    stage into the new buffer; a graph captured before stages into the old one, while every rank reads the one
+    the table now registers."""
+
+    def capture_phase(self, phase, fn, capture_metadata, max_tokens, restore):
+        count = super().capture_phase(phase, fn, capture_metadata, max_tokens, restore)
+        layers = _row_parallel_layers(getattr(fn, "__self__", None)) if self.owner == "target" else []
+        if count and layers:
+            layers[0].out = layers[0].comm.register(layers[0].key)
+        return count
+
+
+class WorkspaceReallocatedBetweenCaptures:
+    """The collective's workspace is reallocated after the first target graph is captured (a capture of another
+    size asks for it anew): every layer's registered buffer moves to a fresh slot, so the graph captured first
+    replays staging into the old workspace while the ranks read the new one."""
+
+    def capture_phase(self, phase, fn, capture_metadata, max_tokens, restore):
+        self._layers = _row_parallel_layers(getattr(fn, "__self__", None)) if self.owner == "target" else []
+        return super().capture_phase(phase, fn, capture_metadata, max_tokens, restore)
+
+    def _capture(self, captured_for, num_reqs, body):
+        graph = super()._capture(captured_for, num_reqs, body)
+        if getattr(self, "_layers", None) and not getattr(self, "_reallocated", False):
+            self._reallocated = True
+            for layer in self._layers:
+                layer.out = layer.comm.register(layer.key)
+        return graph

@@ -36,6 +36,7 @@ class TpLaunch:
     cuda: bool
     folder: Path              # the rendezvous store and each rank's result live here
     timeout_s: float
+    all_reduce: str = "collective"   # the row-parallel all-reduce: "collective" or "registered" (models.tp)
 
 
 def init_rank(rank: int, launch: TpLaunch) -> tp.TpContext:
@@ -49,7 +50,8 @@ def init_rank(rank: int, launch: TpLaunch) -> tp.TpContext:
     store.set_timeout(timeout)
     dist.init_process_group("nccl" if launch.cuda else "gloo", store=dist.PrefixStore("pg", store), rank=rank,
                             world_size=launch.world, timeout=timeout)
-    ctx = tp.TpContext(rank, launch.world, timeout, store=dist.PrefixStore("descriptors", store))
+    ctx = tp.TpContext(rank, launch.world, timeout, store=dist.PrefixStore("descriptors", store),
+                       all_reduce=launch.all_reduce)
     tp.activate(ctx, dist.group.WORLD)
     # NOTE: the first collective creates NCCL's communicator: never inside a graph capture.
     probe = torch.ones(1, device="cuda" if launch.cuda else "cpu")

@@ -12,7 +12,9 @@ with no gather. `shard_target` slices a full checkpoint at load (docs/tp.md).
 The all-reduce is a torch custom op (`parity::all_reduce`): the emulated
 graph backend's recorder sees it as one op with its input and a fresh output
 and replays it on whatever the captured input holds then; CUDA capture
-records the NCCL kernel. At TP=1 nothing here is used: no op is added.
+records the NCCL kernel. With `--tp-all-reduce registered` the row-parallel
+layers reduce through registered buffers instead (`models.tp_registered`).
+At TP=1 nothing here is used: no op is added.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parity.errors import ParityInputError
+from parity.models.tp_registered import COMMS, RegisteredAllReduce, registered_all_reduce_
 
 GROUP = "tp"
 # name -> process group the all-reduce op reduces over (an op argument must be a plain value).
@@ -43,6 +46,7 @@ class TpContext:
     store: object = None          # the key-value store the ranks exchange their descriptors through
     forwards: int = 0             # descriptor exchanges so far in this process (every rank counts alike)
     run_forwards: int = 0         # forwards so far in the engine run in progress
+    all_reduce: str = "collective"  # or "registered": the custom all-reduce of `models.tp_registered`
 
 
 _CURRENT: list[TpContext] = []
@@ -58,6 +62,7 @@ def deactivate() -> None:
     """This process is no rank any more (TP=1 again)."""
     _CURRENT.clear()
     _GROUPS.clear()
+    COMMS.clear()
 
 
 def current() -> TpContext | None:
@@ -79,15 +84,27 @@ def _(x, group):
 
 
 class RowParallelLinear(nn.Module):
-    """A linear whose input features are split over the ranks: local GEMM, then the all-reduce (then the bias)."""
+    """A linear whose input features are split over the ranks: local GEMM, then the all-reduce (then the bias).
+
+    With a registered all-reduce (`comm`), the all-reduce runs in place in this layer's registered buffer
+    `out` (key `key` of the registration table): the partial product is staged into it, the sum comes back in it.
+    """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.comm, self.key, self.out = None, -1, None     # set by `register_all_reduce`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce(F.linear(x, self.weight), GROUP)
+        partial = F.linear(x, self.weight)
+        if self.comm is None or not self.comm.fits(partial.numel()):
+            out = all_reduce(partial, GROUP)
+        else:
+            staged = self.out[:partial.numel()]
+            staged.copy_(partial.reshape(-1))
+            registered_all_reduce_(staged, self.comm.peers, self.comm.table, self.key, GROUP)
+            out = staged.view(partial.shape)
         return out if self.bias is None else out + self.bias
 
 
@@ -146,12 +163,30 @@ def shard_target(target, rank: int, world: int):
     return target.fuse_layers()
 
 
+def register_all_reduce(target, ctx: TpContext):
+    """Give every row-parallel layer of a sharded target, on its device, a buffer of this rank's registered
+    all-reduce (one key a layer, in module order: the same on every rank)."""
+    layers = [m for m in target.modules() if isinstance(m, RowParallelLinear)]
+    weight = target.lm_head.weight
+    comm = RegisteredAllReduce(GROUP, len(layers), target.config.hidden_size, weight.dtype, weight.device, ctx)
+    for key, layer in enumerate(layers):
+        layer.comm, layer.key = comm, key
+        layer.out = comm.register(key)
+    target.tp_registered = comm
+    return target
+
+
 def shard_if_parallel(target):
-    """In a rank of a TP run: this rank's slices of `target` (TP=1, or built sharded already: untouched)."""
+    """In a rank of a TP run: this rank's slices of `target` (TP=1, or built sharded already: not sliced again),
+    with registered all-reduce buffers when the run asks for them (`--tp-all-reduce registered`)."""
     ctx = current()
-    if ctx is None or ctx.world == 1 or getattr(target, "tp_sharded", None):
+    if ctx is None or ctx.world == 1:
         return target
-    return shard_target(target, ctx.rank, ctx.world)
+    if not getattr(target, "tp_sharded", None):
+        shard_target(target, ctx.rank, ctx.world)
+    if ctx.all_reduce == "registered" and getattr(target, "tp_registered", None) is None:
+        register_all_reduce(target, ctx)
+    return target
 
 
 def rank_slice(full: torch.Tensor, size: torch.Size, rank: int) -> torch.Tensor:
