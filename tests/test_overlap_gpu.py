@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import build_random_pair
-from overlap_kit import run, same_records, with_mixin
+from overlap_kit import run, same_records
 from parity.diagnosis.kinds import STAGING_RACE
 from parity.engine.staging import Stager
 from parity.faults.catalog import FAULTS
@@ -53,7 +53,8 @@ def test_overlapped_loop_equals_the_synchronous_loop_on_cuda(cuda_pair, mode):
 def test_each_overlap_fault_is_named_on_cuda(cuda_pair, name):
     from test_overlap_faults import MODE, SPECS, diagnose
     reference = run(cuda_pair, MODE, False, specs=SPECS, device="cuda")[0]
-    stager = type("Slow", (SlowCopies, with_mixin(MUTATIONS[name].mixin)), {})
+    # The fault's mixin first: a copy it moves to a stream of its own is slowed on that stream.
+    stager = type("Slow", (MUTATIONS[name].mixin, SlowCopies, Stager), {})
     found = diagnose(cuda_pair, reference, stager, device="cuda")
     assert found is not None and found.kind == STAGING_RACE
     assert found.buffers == list(FAULTS[name].buffers), found.evidence
