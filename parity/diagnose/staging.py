@@ -97,15 +97,18 @@ def diagnose(run, reference, overlapped, staged: dict[str, list[str]], mode: str
     event, how, failed = lab.event(named)
     first = reference_parity(overlapped, reference, "reference").first_difference or {}
     owners = list(dict.fromkeys(k.split(".", 1)[0] for k in named))
-    buffers = list(dict.fromkeys(k.split(".", 1)[1] for k in named))
+    # Buffers are named only when a race alone was isolated; else the kind stands (all-synchronous staging restores
+    # parity) and the group syncing restored parity for is evidence, not a name.
+    buffers = list(dict.fromkeys(k.split(".", 1)[1] for k in racers))
     phases = list(dict.fromkeys(p for k in named for p in staged.get(k, ())))
     evidence = [f"every staged buffer synchronous ({len(lab.keys)} buffers): parity restored",
                 f"synchronous staging of {', '.join(group)} alone restores parity"]
     if racers:
         evidence.append(f"the race of each of {', '.join(named)} alone (every other buffer synchronous) breaks it")
     else:
-        evidence.append("no buffer's race alone (every other buffer synchronous) breaks it: the buffers above "
-                        "are where syncing restores parity, not a race isolated alone")
+        evidence.append("no buffer's race alone (every other buffer synchronous) breaks it: syncing the buffers "
+                        "above restores parity, but no race was isolated to one of them (on CUDA a change of "
+                        "staging moves every copy's timing), so none is named")
     evidence.append(f"event: {event} ({how})" if event else how)
     return Diagnosis(STAGING_RACE, buffers, mode, owner=", ".join(owners), step=first.get("step"),
                      phase=", ".join(phases) or None,
