@@ -145,7 +145,7 @@ REAL_SCALE = {"llama3-eagle", "llama3-eagle-short", "long-context-8k", "llama3-7
 # runs them, so there is no pair to record a baseline of.
 SYNTH_HEADS = {"mtp-deepseek", "mtp-multilayer", "hybrid"}
 # Run tensor-parallel (`parity run --tp 2`, docs/tp.md): the gate runs one process; tests/test_tp.py judges it.
-TENSOR_PARALLEL = {"tp-short"}
+TENSOR_PARALLEL = {"tp-short", "tp-registered"}
 
 
 def test_every_shipped_scenario_has_a_baseline():
