@@ -4,8 +4,9 @@ Sequence (every storage the graph or the eager run writes is saved first, so
 nothing the check does is visible afterwards):
 1. replay the graph; keep its outputs and what it wrote;
 2. put the written storages back; run the callable eagerly, under an undo
-   log, on the live inputs (same objects, same padded shapes) into fresh
-   outputs; keep its outputs and writes; undo them;
+   log, on the live inputs (same objects, at the graph's padded shape: a
+   smaller live tensor is seen through `shaped.py`) into fresh outputs; keep
+   its outputs and writes; undo them;
 3. compare bitwise; on a mismatch, localise it with one-variable experiments;
 4. with `num_valid` known, poison the padding and compare the real rows;
 5. leave every storage as the real replay left it.
@@ -23,6 +24,7 @@ from parity.audit.cheap import Rebind, moved_names, reassigned
 from parity.audit.experiments import Lab
 from parity.audit.localise import localise
 from parity.audit.padding import padding_check
+from parity.audit.shaped import at_graph_shape
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.trace import WriteLog
 from parity.graphs.host_state import moved_in, restore_in
@@ -72,14 +74,17 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     try:
         pool.after_replay(audit)
         pre.restore()
-        eager, log = shadow(record.fn, args, kwargs)
-        moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
-        restore_in(pre.host, roots)
-        for ptr, (live, saved) in log.saved.items():
-            pre.add_bytes(ptr, live, saved)
-        replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
-                           for ptr in eager.writes}
-        diagnoses = _judge(audit, Lab(audit, roots, args, kwargs, pre, eager, moved), replayed, found, started)
+        # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape.
+        with at_graph_shape(found, roots) as shaped:
+            eager, log = shadow(record.fn, args, kwargs)
+            moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
+            restore_in(pre.host, roots)
+            for ptr, (live, saved) in log.saved.items():
+                pre.add_bytes(ptr, live, saved)
+            replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
+                               for ptr in eager.writes}
+            lab = Lab(audit, roots, args, kwargs, pre, eager, moved)
+            diagnoses = _judge(audit, lab, replayed, shaped, started)
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()
