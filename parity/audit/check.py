@@ -14,6 +14,7 @@ nothing the check does is visible afterwards):
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -23,6 +24,7 @@ from parity.audit import pool
 from parity.audit.cheap import Rebind, moved_names, reassigned
 from parity.audit.experiments import Lab
 from parity.audit.localise import localise
+from parity.audit.padded_writes import PaddedWrites, racing
 from parity.audit.padding import padding_check
 from parity.audit.shaped import at_graph_shape
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
@@ -33,11 +35,12 @@ from parity.graphs.host_state import moved_in, restore_in
 UNPLACED = ("UNEXPLAINED", "CAPTURE_CONTEXT")
 
 
-def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
-    """`fn` run eagerly; its outputs and writes, already undone (also when fn raises)."""
+def shadow(fn, args: tuple, kwargs: dict, watch=None) -> tuple[Result, WriteLog]:
+    """`fn` run eagerly (under `watch` too, a dispatch mode, when given); its outputs and writes, already undone
+    (also when fn raises)."""
     log = WriteLog()
     try:
-        with torch.no_grad(), log:
+        with torch.no_grad(), log, watch or contextlib.nullcontext():
             out = fn(*args, **kwargs)
         tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         return Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()}), log
@@ -74,9 +77,11 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     try:
         pool.after_replay(audit)
         pre.restore()
+        num_valid, padded = audit.num_valid_now(), audit.padded_rows
+        watch = PaddedWrites(num_valid, padded) if num_valid is not None and padded and num_valid < padded else None
         # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape.
         with at_graph_shape(found, roots) as shaped:
-            eager, log = shadow(record.fn, args, kwargs)
+            eager, log = shadow(record.fn, args, kwargs, watch)
             moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
             restore_in(pre.host, roots)
             for ptr, (live, saved) in log.saved.items():
@@ -84,7 +89,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
             replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
                                for ptr in eager.writes}
             lab = Lab(audit, roots, args, kwargs, pre, eager, moved)
-            diagnoses = _judge(audit, lab, replayed, shaped, started)
+            diagnoses = _judge(audit, lab, replayed, shaped, started, watch.found if watch else [])
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()
@@ -93,12 +98,15 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     return diagnoses
 
 
-def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float) -> list[dict]:
+def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float, overlaps: list) -> list[dict]:
     diagnoses = []
     mismatch = compare(replayed, lab.eager, audit.record.output_names, layouts=lab.layouts,
                        defined=audit.record.defined)
     if mismatch is not None:
         audit.mismatches += 1
+    if overlaps:
+        return [_racing(audit, lab, overlaps, found, mismatch)]
+    if mismatch is not None:
         # NOTE: in record mode a graph's first mismatch is localised; later ones only counted.
         if audit.mismatches == 1 or audit.on_mismatch == "raise":
             diagnoses.append(localise(lab, mismatch, found, started))
@@ -121,3 +129,16 @@ def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: floa
                 captured_address=leak.captured_address, evidence=evidence, replays=lab.replays,
                 experiment=leak.description)]
     return diagnoses
+
+
+def _racing(audit, lab: Lab, overlaps: list, found: list[Rebind], mismatch) -> dict:
+    """PADDING_LEAK before any experiment: padded rows write, in one op, what real rows write."""
+    num_valid, padded = audit.num_valid_now(), audit.padded_rows
+    buffers, evidence = racing(overlaps, audit.record, found, num_valid, padded)
+    if mismatch is not None:
+        evidence.insert(0, f"replay {audit.replays}: {mismatch.describe()} between the graph and the callable run "
+                           "eagerly")
+    return audit._diagnosis("PADDING_LEAK", buffers, rows=mismatch.rows if mismatch else [],
+                            max_abs_diff=mismatch.max_abs_diff if mismatch else None, evidence=evidence,
+                            replays=lab.replays, experiment="read the indices of every indexed write of the eager "
+                            "run: the targets of its padded rows against those of its real rows")
