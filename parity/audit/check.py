@@ -35,12 +35,11 @@ from parity.graphs.host_state import moved_in, restore_in
 UNPLACED = ("UNEXPLAINED", "CAPTURE_CONTEXT")
 
 
-def shadow(fn, args: tuple, kwargs: dict, watch=None) -> tuple[Result, WriteLog]:
-    """`fn` run eagerly (under `watch` too, a dispatch mode, when given); its outputs and writes, already undone
-    (also when fn raises)."""
+def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
+    """`fn` run eagerly; its outputs and writes, already undone (also when fn raises)."""
     log = WriteLog()
     try:
-        with torch.no_grad(), log, watch or contextlib.nullcontext():
+        with torch.no_grad(), log:
             out = fn(*args, **kwargs)
         tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         return Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()}), log
@@ -81,7 +80,8 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
         watch = PaddedWrites(num_valid, padded) if num_valid is not None and padded and num_valid < padded else None
         # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape.
         with at_graph_shape(found, roots) as shaped:
-            eager, log = shadow(record.fn, args, kwargs, watch)
+            with watch or contextlib.nullcontext():
+                eager, log = shadow(record.fn, args, kwargs)
             moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
             restore_in(pre.host, roots)
             for ptr, (live, saved) in log.saved.items():
