@@ -15,6 +15,7 @@ import torch
 
 from parity.audit import audited_graph, emulated
 from parity.audit.padded_writes import overlap, targets
+from parity.audit.shaped import graph_shaped
 
 TRASH = 7
 CONTEXT: dict = {}          # the engine's global context (nano-vllm's `get_context()`)
@@ -114,3 +115,12 @@ def test_targets_are_read_from_the_indices_of_each_indexed_write():
     flat = targets(aten.scatter_.src, (history, 1, torch.full((4, 1), 2), torch.ones(4, 1, dtype=torch.long)), {})[2]
     assert overlap(flat, 1, 4) is None
     assert targets(aten.add_.Tensor, (cache, cache), {}) is None
+
+
+def test_a_smaller_live_tensor_is_seen_at_the_captured_shape_with_the_graphs_padding():
+    captured = torch.tensor([[9, 9, 9], [9, 9, 9], [-1, -1, -1]])
+    shaped = graph_shaped(captured, torch.tensor([[1, 2], [3, 4]]))
+    assert shaped.tolist() == [[1, 2, 9], [3, 4, 9], [-1, -1, -1]] and captured[0, 0] == 9
+    assert graph_shaped(captured, torch.zeros(4, 3, dtype=torch.long)) is None        # larger: no stand-in
+    assert graph_shaped(captured, torch.zeros(2, 3)) is None                          # another dtype
+    assert graph_shaped(captured, captured.clone()) is None                           # the same shape

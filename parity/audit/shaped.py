@@ -12,9 +12,10 @@ dimensions, no dimension larger) is given, on the live objects, a tensor of the
 captured shape: the live values in its leading corner (real rows first, as
 every padded batch is laid out), everything else as the replay reads it (the
 captured tensor's bytes before the replay: the padding the engine left in the
-graph's buffer). Declared and inferred roles alike; the live objects get their
-own tensors back afterwards. A role whose live tensor does not fit, or whose
-path cannot be assigned (a tuple, a frozen dataclass), is left as it is.
+graph's buffer). Declared and inferred roles alike, on storage the graph only
+reads; the live objects get their own tensors back afterwards. A role whose
+live tensor does not fit, whose storage the graph writes, or whose path cannot
+be assigned (a tuple, a frozen dataclass), is left as it is.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def at_graph_shape(found: list[Rebind], roots: dict):
         for rebind in found:
             live = rebind.live_tensor
             stand_in = None
-            if live is not None and rebind.real is None:
+            # NOTE: only what the graph reads: a stand-in the eager run wrote would be compared with nothing.
+            if live is not None and rebind.real is None and not rebind.role.written:
                 key = (id(live), rebind.role.address, rebind.role.shape, rebind.role.tensor.stride())
                 if key not in made:
                     made[key] = graph_shaped(rebind.role.tensor, live)
