@@ -7,7 +7,10 @@ nothing the check does is visible afterwards):
    log, on the live inputs (same objects, at the graph's padded shape: a
    smaller live tensor is seen through `shaped.py`) into fresh outputs; keep
    its outputs and writes; undo them;
-3. compare bitwise; on a mismatch, localise it with one-variable experiments;
+3. with padded rows, a padded row that targets a real row's element in one
+   indexed write of the eager run is PADDING_LEAK at once, no experiment run
+   (`padded_writes.py`: on CUDA such writes race);
+   else compare bitwise; on a mismatch, localise it with one-variable experiments;
 4. with `num_valid` known, poison the padding and compare the real rows;
 5. leave every storage as the real replay left it.
 """
@@ -115,7 +118,8 @@ def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: floa
     num_valid, padded = audit.num_valid_now(), audit.padded_rows
     # NOTE: padding is judged on exact replays, and on a mismatch no experiment tied to one role: a broken
     # graph leaks in ways of its own, but padded rows writing where a live row writes race on CUDA (the
-    # replay and eager then differ by chance), and only the padding check can name that.
+    # replay and eager then differ by chance): where no indexed write showed it (a custom kernel's write),
+    # only the padding check can name that.
     unplaced = [d for d in diagnoses if d["kind"] in UNPLACED and not d["buffers"]]
     if (mismatch is None or unplaced) and num_valid is not None and padded is not None:
         leak = padding_check(lab, replayed, num_valid, padded, audit.padding)
