@@ -14,7 +14,8 @@ element is its position along the index's leading dimension (rows
 it gives the same answer on every backend. Ops read: `index_put_` (1-D or
 broadcast integer indices), `index_copy_`, `index_fill_` (along `dim`),
 `scatter_` and `put_`. A write whose indices do not have the padded batch as
-leading dimension, and custom kernels (a Triton or CUDA KV store), are not read.
+leading dimension, writes inside a `torch.compile`d region, and custom kernels
+(a Triton or CUDA KV store) are not read.
 """
 
 from __future__ import annotations
