@@ -79,14 +79,10 @@ def test_clean_engine_on_cuda():
     check_clean("cuda")
 
 
-# On CUDA the padding bug's padded rows write the cache row a live request writes in the same replay: the order
-# is undefined, so one graph's first replay can differ from eager by chance before its padding is checked, and
-# that mismatch was still UNEXPLAINED on an H100 (2026-11-26) beside the right PADDING_LEAK.
-RACES_ON_CUDA = pytest.mark.xfail(reason="a racing padded write's first mismatch is not yet tied to the padding "
-                                         "check on every graph", strict=False)
-
-
+# On CUDA the padding bug's padded rows write the cache row a live request writes in the same replay, in one
+# kernel: the order is undefined, so the replay can differ from eager by chance. The audit tells that from the
+# write's indices before any experiment (parity/audit/padded_writes.py), so the answer is the CPU's.
 @pytest.mark.gpu
-@pytest.mark.parametrize("bug", [pytest.param(b, marks=RACES_ON_CUDA) if b == "padding" else b for b in BUGS])
+@pytest.mark.parametrize("bug", BUGS)
 def test_planted_bug_is_named_on_cuda(bug):
     check_bug("cuda", bug)

@@ -63,12 +63,13 @@ def test_a_planted_bug_in_nano_vllms_replay_is_named(device, bug):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="a padded batch: the shadow run pairs the graph's "
-                   "padded inputs with nano-vllm's live global context, which holds only the real rows "
-                   "(parity/audit/check.py; see the helper's report)")
 def test_a_padded_batch_is_checked_at_the_graphs_shape(device):
-    _, _, session = _run(padded=True)
+    tokens, logits, _ = _run(audited=False, padded=True)
+    audited_tokens, audited_logits, session = _run(padded=True)
     assert session.errors == []
+    assert all(a.replays > 0 for a in session.audits[1:])
+    assert tokens == audited_tokens
+    assert all(torch.equal(a, b) for a, b in zip(logits, audited_logits)) and len(logits) == len(audited_logits)
 
 
 def test_the_glue_is_at_most_ten_lines():

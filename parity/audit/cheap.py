@@ -40,6 +40,7 @@ class Rebind:
     live: object          # what the path reaches now: a tensor, another value or MISSING
     keeper: Role | Reached | None   # what still reaches the captured storage (the persistent buffer), if any
     at_leaf: bool = True  # the path's objects are the captured ones: its last attribute/item itself was rebound
+    real: torch.Tensor | None = None   # the engine's smaller tensor when `live` is its stand-in at the graph's shape
 
     @property
     def owned(self) -> bool:
@@ -51,15 +52,19 @@ class Rebind:
 
     @property
     def live_address(self) -> int | None:
-        return self.live.data_ptr() if isinstance(self.live, torch.Tensor) else None
+        live = self.real if self.real is not None else self.live
+        return live.data_ptr() if isinstance(live, torch.Tensor) else None
 
     def describe(self) -> str:
         role = self.role
         if self.live_tensor is None:
             now = "no tensor" if self.live is MISSING else f"a {type(self.live).__name__}"
             return f"{role.name} reached {tuple(role.shape)} at 0x{role.address:x} at capture and reaches {now} now"
+        live = self.real if self.real is not None else self.live
+        shaped = (f" (its {tuple(live.shape)} rows seen at the graph's shape, the rest as the graph's buffer holds "
+                  "them)") if self.real is not None else ""
         return (f"{role.name} was at 0x{role.address:x} {tuple(role.shape)} at capture and is at "
-                f"0x{self.live.data_ptr():x} {tuple(self.live.shape)} now")
+                f"0x{live.data_ptr():x} {tuple(live.shape)} now{shaped}")
 
 
 def _moved(role: Role, live) -> bool:

@@ -4,15 +4,20 @@ Sequence (every storage the graph or the eager run writes is saved first, so
 nothing the check does is visible afterwards):
 1. replay the graph; keep its outputs and what it wrote;
 2. put the written storages back; run the callable eagerly, under an undo
-   log, on the live inputs (same objects, same padded shapes) into fresh
-   outputs; keep its outputs and writes; undo them;
-3. compare bitwise; on a mismatch, localise it with one-variable experiments;
+   log, on the live inputs (same objects, at the graph's padded shape: a
+   smaller live tensor is seen through `shaped.py`) into fresh outputs; keep
+   its outputs and writes; undo them;
+3. with padded rows, a padded row that targets a real row's element in one
+   indexed write of the eager run is PADDING_LEAK at once, no experiment run
+   (`padded_writes.py`: on CUDA such writes race);
+   else compare bitwise; on a mismatch, localise it with one-variable experiments;
 4. with `num_valid` known, poison the padding and compare the real rows;
 5. leave every storage as the real replay left it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -22,7 +27,9 @@ from parity.audit import pool
 from parity.audit.cheap import Rebind, moved_names, reassigned
 from parity.audit.experiments import Lab
 from parity.audit.localise import localise
+from parity.audit.padded_writes import PaddedWrites, racing
 from parity.audit.padding import padding_check
+from parity.audit.shaped import at_graph_shape
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.trace import WriteLog
 from parity.graphs.host_state import moved_in, restore_in
@@ -72,14 +79,20 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     try:
         pool.after_replay(audit)
         pre.restore()
-        eager, log = shadow(record.fn, args, kwargs)
-        moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
-        restore_in(pre.host, roots)
-        for ptr, (live, saved) in log.saved.items():
-            pre.add_bytes(ptr, live, saved)
-        replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
-                           for ptr in eager.writes}
-        diagnoses = _judge(audit, Lab(audit, roots, args, kwargs, pre, eager, moved), replayed, found, started)
+        num_valid, padded = audit.num_valid_now(), audit.padded_rows
+        watch = PaddedWrites(num_valid, padded) if num_valid is not None and padded and num_valid < padded else None
+        # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape.
+        with at_graph_shape(found, roots) as shaped:
+            with watch or contextlib.nullcontext():
+                eager, log = shadow(record.fn, args, kwargs)
+            moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
+            restore_in(pre.host, roots)
+            for ptr, (live, saved) in log.saved.items():
+                pre.add_bytes(ptr, live, saved)
+            replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
+                               for ptr in eager.writes}
+            lab = Lab(audit, roots, args, kwargs, pre, eager, moved)
+            diagnoses = _judge(audit, lab, replayed, shaped, started, watch.found if watch else [])
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()
@@ -88,12 +101,15 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     return diagnoses
 
 
-def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float) -> list[dict]:
+def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float, overlaps: list) -> list[dict]:
     diagnoses = []
     mismatch = compare(replayed, lab.eager, audit.record.output_names, layouts=lab.layouts,
                        defined=audit.record.defined)
     if mismatch is not None:
         audit.mismatches += 1
+    if overlaps:
+        return [_racing(audit, lab, overlaps, found, mismatch)]
+    if mismatch is not None:
         # NOTE: in record mode a graph's first mismatch is localised; later ones only counted.
         if audit.mismatches == 1 or audit.on_mismatch == "raise":
             diagnoses.append(localise(lab, mismatch, found, started))
@@ -102,7 +118,8 @@ def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: floa
     num_valid, padded = audit.num_valid_now(), audit.padded_rows
     # NOTE: padding is judged on exact replays, and on a mismatch no experiment tied to one role: a broken
     # graph leaks in ways of its own, but padded rows writing where a live row writes race on CUDA (the
-    # replay and eager then differ by chance), and only the padding check can name that.
+    # replay and eager then differ by chance): where no indexed write showed it (a custom kernel's write),
+    # only the padding check can name that.
     unplaced = [d for d in diagnoses if d["kind"] in UNPLACED and not d["buffers"]]
     if (mismatch is None or unplaced) and num_valid is not None and padded is not None:
         leak = padding_check(lab, replayed, num_valid, padded, audit.padding)
@@ -116,3 +133,16 @@ def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: floa
                 captured_address=leak.captured_address, evidence=evidence, replays=lab.replays,
                 experiment=leak.description)]
     return diagnoses
+
+
+def _racing(audit, lab: Lab, overlaps: list, found: list[Rebind], mismatch) -> dict:
+    """PADDING_LEAK before any experiment: padded rows write, in one op, what real rows write."""
+    num_valid, padded = audit.num_valid_now(), audit.padded_rows
+    buffers, evidence = racing(overlaps, audit.record, found, num_valid, padded)
+    if mismatch is not None:
+        evidence.insert(0, f"replay {audit.replays}: {mismatch.describe()} between the graph and the callable run "
+                           "eagerly")
+    return audit._diagnosis("PADDING_LEAK", buffers, rows=mismatch.rows if mismatch else [],
+                            max_abs_diff=mismatch.max_abs_diff if mismatch else None, evidence=evidence,
+                            replays=lab.replays, experiment="read the indices of every indexed write of the eager "
+                            "run: the targets of its padded rows against those of its real rows")

@@ -103,6 +103,7 @@ def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment
     role, captured, live = rebind.role, rebind.role.tensor, rebind.live_tensor
     if live is None or tuple(live.shape) != tuple(captured.shape) or live.dtype != captured.dtype:
         return None
+    at = rebind.live_address     # the engine's tensor (`live` may be its stand-in at the graph's shape)
     lab.pre.restore()
     # NOTE: a buffer the graph writes is compared where eager writes it, so even equal values are replayed.
     equal = bit_equal(captured, live) and not role.written
@@ -112,15 +113,13 @@ def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment
     if rebind.owned:
         keeper = rebind.keeper
         return Experiment(
-            "STALE_BUFFER", f"copy the live {role.name} (0x{live.data_ptr():x}) into the captured buffer "
+            "STALE_BUFFER", f"copy the live {role.name} (0x{at:x}) into the captured buffer "
             f"{keeper.name} (0x{role.address:x}) and replay{suffix}", [keeper.name], restores, role.address,
-            live.data_ptr(), [f"the graph reads {keeper.name} at 0x{role.address:x}; the eager run reads "
-                              f"{role.name} at 0x{live.data_ptr():x}, with other values: {keeper.name} "
-                              "was not refreshed before the replay"])
+            at, [f"the graph reads {keeper.name} at 0x{role.address:x}; the eager run reads {role.name} at "
+                 f"0x{at:x}, with other values: {keeper.name} was not refreshed before the replay"])
     return Experiment(
-        "BUFFER_REASSIGNED", f"copy the live {role.name} (0x{live.data_ptr():x}) into the captured storage "
-        f"(0x{role.address:x}) and replay{suffix}", moved_names(found, role.storage), restores, role.address,
-        live.data_ptr(),
+        "BUFFER_REASSIGNED", f"copy the live {role.name} (0x{at:x}) into the captured storage "
+        f"(0x{role.address:x}) and replay{suffix}", moved_names(found, role.storage), restores, role.address, at,
         [rebind.describe() + ": it was rebound to a new tensor; nothing but the graph reads the captured one"])
 
 
