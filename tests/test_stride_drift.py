@@ -10,10 +10,15 @@ import torch
 
 from parity.diagnosis.kinds import BUFFER_REASSIGNED
 from parity.diagnose import experiments, stride
+from parity.diagnose.bisector import Bisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
+from parity.engine.spec_decode import SpecDecodeEngine
 from parity.faults.seam import apply
-from tests.test_diagnose_stages import FreshSlotsView, locate
+from parity.graphs.factory import install_graphs, install_padded_reference
+from parity.graphs.policy import CapturePolicy
+from tests.conftest import engine_config, make_specs
+from tests.test_diagnose_stages import FreshSlotsView, _Located, locate
 
 pytestmark = pytest.mark.xdist_group("diagnose-stages")
 
@@ -64,3 +69,45 @@ def test_the_stride_stage_passes_a_role_rebound_to_another_storage(random_pair):
     lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
     assert stride.drifts(lab) == [] and stride.stage(lab) is None and lab.replays == 0
     assert experiments.stage(lab).buffers == ["slot_mapping"]
+
+
+def relaid(t: torch.Tensor) -> torch.Tensor:
+    """The same storage and shape [slots, heads, dim], laid out heads-major: strides (dim, slots * dim, 1)."""
+    slots, heads, dim = t.shape
+    view = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, t.shape,
+                                                               (dim, slots * dim, 1))
+    view.copy_(t.clone())
+    return view
+
+
+def test_the_stride_stage_names_a_kv_cache_re_laid_after_capture(random_pair):
+    """Every target KV tensor re-laid after capture: eager prefills write the new layout, the decode graphs of
+    FULL_DECODE_ONLY read and write the captured one. The stage hands every layer's tensors back together."""
+    specs = make_specs(3, seed=1, max_tokens=6)
+    make = lambda: SpecDecodeEngine(*random_pair, engine_config(), "cpu")  # noqa: E731
+    mode = "full_decode_only"
+
+    def relay(engine):      # the engine's code, so the reference runs it too
+        cache = engine.owner("target").kv_cache
+        for tensors in (cache.keys, cache.values):
+            tensors[:] = [relaid(t) for t in tensors]
+
+    def graphs(engine, copied=()):
+        install_graphs(engine, mode, "emulated", None, None, CapturePolicy())
+        relay(engine)
+
+    def reference(engine):
+        install_padded_reference(engine, mode, None, None, poison=False)
+        relay(engine)
+
+    class Locator(Bisector):
+        def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names):
+            raise _Located(self.divergence(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst))
+
+    with pytest.raises(_Located) as located:
+        Locator(make, reference, graphs, specs, mode).run()
+    lab = located.value.lab
+    assert {(d.name, d.holder) for d in stride.drifts(lab)} == {("kv_cache", "kv cache")}
+    found = stride.stage(lab)
+    assert (found.kind, found.buffers) == (BUFFER_REASSIGNED, ["kv_cache"]), (found.evidence, lab.ruled_out)
+    assert lab.replays == 1 and "tensors; the first" in found.evidence[0]

@@ -87,57 +87,72 @@ def at_captured_layout(drift: Drift, own: torch.Tensor) -> torch.Tensor | None:
 
 
 @contextmanager
-def handed_at_captured_layout(lab: Divergence, drift: Drift):
-    """The reference's metadata with the role handed at the captured layout (KV and object roles are swapped on
-    the reference's cache / owner while the block runs); yields None when the reference has no such role."""
-    meta, ref_owner = lab.ev_r.meta, lab.ref.owner(lab.ev_r.owner)
-    if drift.holder == "metadata object":
-        view = at_captured_layout(drift, getattr(meta, drift.name))
-        yield None if view is None else dataclasses.replace(meta, **{drift.name: view})
-        return
-    if drift.holder == "kv cache":
-        tensors = meta.kv_cache.keys if drift.index < len(meta.kv_cache.keys) else meta.kv_cache.values
-        i = drift.index % len(meta.kv_cache.keys)
-        own = tensors[i]
-        put = lambda value: tensors.__setitem__(i, value)  # noqa: E731
-    else:
-        own = live_object_tensor(drift, ref_owner)
-        put = lambda value: assign(drift.path, {OBJECT_ROOT: ref_owner}, value)  # noqa: E731
-    view = at_captured_layout(drift, own) if isinstance(own, torch.Tensor) else None
-    if view is None:
-        yield None
-        return
-    put(view)
+def handed_at_captured_layout(lab: Divergence, group: list[Drift]):
+    """The reference's metadata with every tensor of one role handed at the captured layout (KV and object
+    roles are swapped on the reference's cache / owner while the block runs); yields None when the reference
+    has no such role or a layout does not fit its storage."""
+    meta, swaps = lab.ev_r.meta, []
+    for drift in group:
+        if drift.holder == "metadata object":
+            view = at_captured_layout(drift, getattr(meta, drift.name))
+            meta = None if view is None else dataclasses.replace(meta, **{drift.name: view})
+        else:
+            own, put = _held(lab, drift)
+            view = at_captured_layout(drift, own) if isinstance(own, torch.Tensor) else None
+            swaps.append((put, own, view))
+        if meta is None or (swaps and swaps[-1][2] is None):
+            yield None
+            return
+    for put, _, view in swaps:
+        put(view)
     try:
         yield meta
     finally:
-        put(own)
+        for put, own, _ in swaps:
+            put(own)
+
+
+def _held(lab: Divergence, drift: Drift):
+    """The reference's tensor for a KV or object role, and a setter of that role."""
+    if drift.holder == "kv cache":
+        cache = lab.ev_r.meta.kv_cache
+        tensors = cache.keys if drift.index < len(cache.keys) else cache.values
+        i = drift.index % len(cache.keys)
+        return tensors[i], lambda value: tensors.__setitem__(i, value)
+    ref_owner = lab.ref.owner(lab.ev_r.owner)
+    return live_object_tensor(drift, ref_owner), lambda value: assign(drift.path, {OBJECT_ROOT: ref_owner}, value)
 
 
 def stage(lab: Divergence) -> Diagnosis | None:
-    """BUFFER_REASSIGNED of the first drifted role whose captured layout, handed to the reference, makes it
-    produce the graph's outputs bit for bit; None (ruled out) otherwise."""
-    found = drifts(lab)
+    """BUFFER_REASSIGNED of the first drifted role (every tensor under it at once: the KV cache's layers) whose
+    captured layout, handed to the reference, makes it produce the graph's outputs bit for bit; None (ruled out)
+    otherwise."""
+    groups: dict[tuple, list[Drift]] = {}
+    for drift in drifts(lab):
+        groups.setdefault((drift.name, drift.holder), []).append(drift)
     d, fn = lab.ev_r.dispatch, lab.forward("ref")
-    for drift in found:
-        with handed_at_captured_layout(lab, drift) as meta:
+    for group in groups.values():
+        with handed_at_captured_layout(lab, group) as meta:
             if meta is None:
                 continue
             lab.restore("ref")
             lab.replays += 1
-            out = outputs(lab.ref, lab.ev_r, fn(d.num_tokens_padded, d.num_reqs_padded, meta))
+            returned = fn(d.num_tokens_padded, d.num_reqs_padded, meta)
+        out = outputs(lab.ref, lab.ev_r, returned)     # the KV cache compared through its live tensors, as the graph's
         lab.restore("ref")
         if max_diff(out, lab.out_g)[0] == 0:
-            return _named(lab, drift)
-    lab.ruled_out += [f"hand the reference {d.name} ({d.holder}) at the layout the graph captured" for d in found]
+            return _named(lab, group)
+    lab.ruled_out += [f"hand the reference {name} ({holder}) at the layout the graph captured" for name, holder in groups]
     return None
 
 
-def _named(lab: Divergence, drift: Drift) -> Diagnosis:
+def _named(lab: Divergence, group: list[Drift]) -> Diagnosis:
+    drift = group[0]
     (c_off, c_size, c_stride), (l_off, l_size, l_stride) = layout(drift.captured), layout(drift.live)
     experiment = (f"re-run the reference with {drift.name} handed at the layout the graph captured (offset "
                   f"{c_off}, size {list(c_size)}, stride {list(c_stride)}): it produces the graph's outputs bit for bit")
-    evidence = [f"stride drift: {drift.name} ({drift.holder}), the same storage at {drift.live.data_ptr():#x} read "
+    many = f" ({len(group)} tensors; the first)" if len(group) > 1 else ""
+    evidence = [f"stride drift: {drift.name} ({drift.holder}){many}, the same storage at {drift.live.data_ptr():#x} read "
                 f"at another layout than captured: captured stride {list(c_stride)} (offset {c_off}, size "
                 f"{list(c_size)}), live stride {list(l_stride)} (offset {l_off}, size {list(l_size)}); the holder "
                 "rebound the role to a new view, eager code writes and reads through it, the graph reads the "
