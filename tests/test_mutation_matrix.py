@@ -43,7 +43,8 @@ CELLS = [(variant, name) for variant in VARIANTS for name in FAULTS
          if FAULTS[name].tp == 1 and FAULTS[name].scenario != "overlap"]
 # Faults whose home scenario costs more than make test's budget holds (the tree faults' scenarios; the hybrid
 # faults' synth pair): make test-costly runs them, and tests/test_hybrid.py finds the hybrid ones in make test.
-COSTLY = ("tree-padding-attends-live", "tree-buffer-without-topk") + tuple(
+# block-table-stride-drift: tests/test_stride_drift.py names it at engine level in make test.
+COSTLY = ("tree-padding-attends-live", "tree-buffer-without-topk", "block-table-stride-drift") + tuple(
     name for name, fault in FAULTS.items() if fault.scenario == "hybrid")
 
 

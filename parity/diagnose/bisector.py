@@ -8,7 +8,7 @@ import torch
 
 from parity.diagnosis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
 from parity.diagnose import (capture_error, descriptor, experiments, host_moves, lifetime, padding, pool, rebound,
-                             recapture, reproducible)
+                             recapture, reproducible, stride)
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
 from parity.diagnose.state import delta, diff_rows, max_diff, outputs, snapshot
@@ -184,7 +184,7 @@ class PaddingBisector(Bisector):
 
 
 # The stages a divergent forward goes through, in order; the first diagnosis stands. The last always gives one.
-GRAPH_STAGES = (reproducible.stage, descriptor.stage, experiments.stage, rebound.piecewise_outputs,
+GRAPH_STAGES = (reproducible.stage, descriptor.stage, stride.stage, experiments.stage, rebound.piecewise_outputs,
                 rebound.pointed_back, host_moves.stage, recapture.absent_inputs, recapture.stage)
 EAGER_STAGES = (host_moves.stage,)
 

@@ -205,6 +205,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "Stager.wait_reusable (overlapped loop)", "issue 34", "overlap", GRAPH_MODES,
           "the host writes the draft decode steps' batch into the staging slots without waiting for the draft "
           "prefill's copies to read them: the prefill reads the steps' positions, slots and query starts"),
+    Fault("block-table-stride-drift", BUFFER_REASSIGNED, ("block_table",), "MetadataBuilder.make_view",
+          "vLLM #51318, #50046", "default", FULL_MODES,
+          "live batches hand the block table as a column-major view of its buffer (pitch: the buffer's capacity); "
+          "the capture-time batch handed the row-major one: the same address and shape read at another stride"),
 ]}
 
 

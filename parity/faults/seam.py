@@ -12,6 +12,7 @@ import dataclasses
 
 from parity.engine.parts import EngineParts
 from parity.faults import hybrid_mutations as h
+from parity.faults import layout_mutations as lay
 from parity.faults import mutations as m
 from parity.faults import overlap_mutations as o
 from parity.faults import runner_mutations as r
@@ -71,6 +72,7 @@ MUTATIONS: dict[str, Mutation] = {
     "rows-freed-before-readback": Mutation(("stager",), o.RowsFreedBeforeReadback),
     "count-copied-without-wait": Mutation(("stager",), o.CountCopiedWithoutWait),
     "staging-rewritten-early": Mutation(("stager",), o.StagingRewrittenEarly),
+    "block-table-stride-drift": Mutation(BUILDERS, lay.BlockTableColumnMajor),
 }
 
 

@@ -12,7 +12,10 @@ forward is padded (its real token count is below the padded count T), and both
 metadata builders with subclasses that write that fact, before each forward,
 into a flag tensor of the seam's own: outside the owner's registry, so the
 seam reads no padded entry (the padding probe moves those, and would rightly
-name a read of one). The noise is a deterministic function of the padded shape
+name a read of one). In the overlapped loop the flag is staged like every other
+host-built input (a pinned slot, the copy stream, the forward waits its copy):
+written straight to the device, the next batch's build would overwrite it
+before the forward that reads it ran. The noise is a deterministic function of the padded shape
 only, computed on the device inside the forward, so a graph replay and its
 padded reference perturb identically and plain eager (never padded) not at
 all. It is a seam for tests and demonstrations (`--simulate-padding-numerics`);
@@ -42,7 +45,12 @@ class _PaddedFlag:
 
     def build(self, rows, num_tokens_padded, num_reqs_padded, *args, **kwargs):
         meta = super().build(rows, num_tokens_padded, num_reqs_padded, *args, **kwargs)
-        self.seam_padded.fill_(float(sum(r.query_len for r in rows) < num_tokens_padded))
+        flag = float(sum(r.query_len for r in rows) < num_tokens_padded)
+        stager = getattr(self, "stager", None)
+        if stager is not None and stager.active:    # the overlapped loop: staged like every host-built input
+            stager.stage(f"{self.owner_name}.seam_padded", self.seam_padded, torch.tensor([flag]))
+        else:
+            self.seam_padded.fill_(flag)
         return meta
 
 
