@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from parity.audit import pool
 from parity.audit.cheap import Rebind, moved_names, reassigned
-from parity.audit.experiments import Lab
+from parity.audit.lab import ShadowLab
 from parity.audit.localise import localise
 from parity.audit.padding import padding_check
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
@@ -79,7 +79,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
             pre.add_bytes(ptr, live, saved)
         replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
                            for ptr in eager.writes}
-        diagnoses = _judge(audit, Lab(audit, roots, args, kwargs, pre, eager, moved), replayed, found, started)
+        diagnoses = _judge(audit, ShadowLab(audit, roots, args, kwargs, pre, eager, moved), replayed, found, started)
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()
@@ -88,7 +88,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     return diagnoses
 
 
-def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float) -> list[dict]:
+def _judge(audit, lab: ShadowLab, replayed: Result, found: list[Rebind], started: float) -> list[dict]:
     diagnoses = []
     mismatch = compare(replayed, lab.eager, audit.record.output_names, layouts=lab.layouts,
                        defined=audit.record.defined)

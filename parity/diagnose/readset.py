@@ -16,14 +16,10 @@ are never repaired (no innocent buffer gets named).
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from parity.audit.trace import ReadSetTracer
-from parity.diagnose.lab import Divergence
-from parity.diagnose.state import registry_of
-from parity.graphs.manifest import object_tensors, role_name
+from parity.diagnose.lab import Divergence, storage_roles
 
 
 def reference_reads(lab: Divergence) -> dict[str, set[str]]:
@@ -61,31 +57,3 @@ def _trace(lab: Divergence) -> None:
         for role, holder in named.get(storage, ()):
             lab.reads.setdefault(role, set()).add(holder)
     lab.ref_writes = {role for storage in tracer.writes for role, _ in named.get(storage, ())}
-
-
-def storage_roles(engine, event) -> dict[int, list[tuple[str, str]]]:
-    """storage -> (role, holder) of every tensor the forward's owner can hand a kernel: its registry's buffers,
-    the metadata object's tensors (when not the same-named buffer's), its KV cache, its attributes."""
-    found: dict[int, list[tuple[str, str]]] = {}
-
-    def add(tensor, role, holder):
-        found.setdefault(tensor.untyped_storage().data_ptr(), []).append((role, holder))
-
-    registry = registry_of(engine, event.owner)
-    for name, tensor in registry.items():
-        add(tensor, name, "registry")
-    fields = [(f.name, getattr(event.meta, f.name)) for f in dataclasses.fields(event.meta)]
-    for name, value in fields:
-        held = registry[name] if name in registry else None
-        if isinstance(value, torch.Tensor) and (
-                held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
-            add(value, name, "metadata object")
-    cache = engine.owner(event.owner).kv_cache.tensors()
-    for tensor in cache:
-        add(tensor, "kv_cache", "kv cache")
-    taken = set(found)
-    for path, tensor in object_tensors(engine.owner(event.owner)):
-        if tensor.untyped_storage().data_ptr() not in taken:
-            taken.add(tensor.untyped_storage().data_ptr())
-            add(tensor, role_name(path), "object")
-    return found
