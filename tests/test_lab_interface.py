@@ -13,6 +13,7 @@ import torch
 
 from parity.audit import check
 from parity.audit.lab import Lab, ShadowLab
+from parity.audit.state import Result, Snapshot, compare, delta
 from parity.diagnose.lab import Divergence
 from parity.engine.parts import EngineParts
 from parity.graphs.roles import Path
@@ -62,3 +63,18 @@ def test_the_audit_shadow_lab_is_a_lab_whose_recapture_with_the_live_input_resto
     assert not lab.matches(lab.run(graph=lab.recapture({extra: None}))), "the control: as captured, still apart"
     assert lab.matches(lab.run(graph=lab.recapture({})))
     assert lab.replays == 3
+
+
+def test_both_layers_measure_a_difference_alike_and_a_snapshot_gives_any_view_as_it_was():
+    nan, inf = float("nan"), float("inf")
+    apart = delta(torch.tensor([1.0, nan, nan, inf, 0.0]), torch.tensor([1.0, nan, 2.0, inf, -0.5]))
+    assert apart.tolist() == [0.0, 0.0, inf, 0.0, 0.5], "a NaN on one side only is infinitely apart, on both none"
+    big = torch.tensor([2 ** 40 + 1], dtype=torch.int64)
+    found = compare(Result([big]), Result([big - 1]), ["ids"])
+    assert found is not None and found.max_abs_diff == 1.0, "integers are measured exactly"
+    buffer, other = torch.arange(6.0), torch.zeros(2)
+    keep = Snapshot([buffer[2:4]])          # a view: its whole storage is saved
+    buffer.fill_(-1.0)
+    assert keep.before(buffer[4:]).tolist() == [4.0, 5.0] and keep.before(other) is other
+    keep.restore()
+    assert buffer.tolist() == list(range(6))
