@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten
 
 from parity.audit import pool
 from parity.audit.cheap import Rebind, moved_names, reassigned
-from parity.audit.experiments import Lab
+from parity.audit.lab import ShadowLab
 from parity.audit.localise import localise
 from parity.audit.padded_writes import PaddedWrites, racing
 from parity.audit.padding import padding_check
@@ -91,7 +91,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
                 pre.add_bytes(ptr, live, saved)
             replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
                                for ptr in eager.writes}
-            lab = Lab(audit, roots, args, kwargs, pre, eager, moved)
+            lab = ShadowLab(audit, roots, args, kwargs, pre, eager, moved)
             diagnoses = _judge(audit, lab, replayed, shaped, started, watch.found if watch else [])
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
@@ -101,7 +101,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
     return diagnoses
 
 
-def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: float, overlaps: list) -> list[dict]:
+def _judge(audit, lab: ShadowLab, replayed: Result, found: list[Rebind], started: float, overlaps: list) -> list[dict]:
     diagnoses = []
     mismatch = compare(replayed, lab.eager, audit.record.output_names, layouts=lab.layouts,
                        defined=audit.record.defined)
@@ -135,7 +135,7 @@ def _judge(audit, lab: Lab, replayed: Result, found: list[Rebind], started: floa
     return diagnoses
 
 
-def _racing(audit, lab: Lab, overlaps: list, found: list[Rebind], mismatch) -> dict:
+def _racing(audit, lab: ShadowLab, overlaps: list, found: list[Rebind], mismatch) -> dict:
     """PADDING_LEAK before any experiment: padded rows write, in one op, what real rows write."""
     num_valid, padded = audit.num_valid_now(), audit.padded_rows
     buffers, evidence = racing(overlaps, audit.record, found, num_valid, padded)

@@ -19,15 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from parity.audit.cheap import Rebind, moved_names
+from parity.audit.lab import ShadowLab
 from parity.audit.one_variable import search
-from parity.graphs.roles import MISSING, Path, assign, resolve
-from parity.audit.state import Result, Snapshot, bit_equal, clone_outputs, compare
+from parity.graphs.roles import MISSING, Path, resolve
+from parity.audit.state import Result, Snapshot, bit_equal
 from parity.audit.trace import storage_ptr
 from parity.audit.writes import absent_evidence, skipped_writes
-from parity.graphs.host_state import restore_in
 
 MAX_HOST_CANDIDATES = 16
 
@@ -45,35 +44,7 @@ class Experiment:
     max_abs_diff: float | None = None
 
 
-class Lab:
-    """A checked replay's workbench: the pre-replay state, the eager reference, the graph."""
-
-    def __init__(self, audit, roots: dict, args: tuple, kwargs: dict, pre: Snapshot, eager: Result,
-                 moved: dict | None = None):
-        self.audit = audit
-        self.moved = moved or {}    # host values the callable advanced itself when run eagerly: path -> (a, b)
-        self.record = audit.record
-        self.roots = roots
-        self.args, self.kwargs = args, kwargs
-        self.pre = pre
-        self.eager = eager
-        self.replays = 0
-        self.layouts = self.record.layouts
-
-    def run(self, replay, outputs) -> Result:
-        """Replay from the pre-replay state; the result over the storages the eager run wrote."""
-        self.pre.restore()
-        replay()
-        self.replays += 1
-        writes = {ptr: self.pre.saved[ptr][0].clone() for ptr in self.eager.writes}
-        return Result(clone_outputs(outputs), writes)
-
-    def matches(self, result: Result) -> bool:
-        return compare(result, self.eager, self.record.output_names, layouts=self.layouts,
-                       defined=self.record.defined) is None
-
-
-def _written_through(lab: Lab, result: Result, pairs) -> Result:
+def _written_through(lab: ShadowLab, result: Result, pairs) -> Result:
     """Where the graph writes a captured buffer whose role now reaches another one, eager writes that one:
     the captured buffer's bytes stand for the live buffer's (a KV cache reallocated after capture)."""
     for captured, live in pairs:
@@ -84,21 +55,17 @@ def _written_through(lab: Lab, result: Result, pairs) -> Result:
     return result
 
 
-def _replay_with_copy(lab: Lab, captured, live, written: bool) -> bool:
+def _replay_with_copy(lab: ShadowLab, captured, live, written: bool) -> bool:
     if bit_equal(captured, live) and not written:
         return False     # NOTE: copying equal values changes nothing: ruled out without a replay
     keep = Snapshot([captured])
-
-    def replay():
-        captured.copy_(live)
-        lab.audit._raw_replay()
     try:
-        return lab.matches(_written_through(lab, lab.run(replay, lab.record.outputs), [(captured, live)]))
+        return lab.matches(_written_through(lab, lab.run(lambda: captured.copy_(live)), [(captured, live)]))
     finally:
         keep.restore()
 
 
-def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment | None:
+def copy_experiment(lab: ShadowLab, rebind: Rebind, found: list[Rebind]) -> Experiment | None:
     """Copy the live value of one moved role into the captured tensor and replay; None when shapes differ."""
     role, captured, live = rebind.role, rebind.role.tensor, rebind.live_tensor
     if live is None or tuple(live.shape) != tuple(captured.shape) or live.dtype != captured.dtype:
@@ -123,7 +90,7 @@ def copy_experiment(lab: Lab, rebind: Rebind, found: list[Rebind]) -> Experiment
         [rebind.describe() + ": it was rebound to a new tensor; nothing but the graph reads the captured one"])
 
 
-def group_copy_experiment(lab: Lab, rebinds: list[Rebind]) -> Experiment | None:
+def group_copy_experiment(lab: ShadowLab, rebinds: list[Rebind]) -> Experiment | None:
     """All copies at once: the fallback when no single one restores parity."""
     usable = [r for r in rebinds if r.live_tensor is not None and r.live_tensor.shape == r.role.tensor.shape
               and r.live_tensor.dtype == r.role.tensor.dtype]
@@ -131,12 +98,11 @@ def group_copy_experiment(lab: Lab, rebinds: list[Rebind]) -> Experiment | None:
         return None
     keep = Snapshot([r.role.tensor for r in usable])
 
-    def replay():
+    def change():
         for r in usable:
             r.role.tensor.copy_(r.live_tensor)
-        lab.audit._raw_replay()
     try:
-        result = lab.run(replay, lab.record.outputs)
+        result = lab.run(change)
         restores = lab.matches(_written_through(lab, result, [(r.role.tensor, r.live_tensor) for r in usable]))
     finally:
         keep.restore()
@@ -146,7 +112,7 @@ def group_copy_experiment(lab: Lab, rebinds: list[Rebind]) -> Experiment | None:
                       "replay", names, restores)
 
 
-def host_candidates(lab: Lab) -> list[tuple[Path, object, object]]:
+def host_candidates(lab: ShadowLab) -> list[tuple[Path, object, object]]:
     """(path, captured, live) for host values that changed since capture, and inputs absent at capture (None)
     that hold a tensor now, shortest paths first."""
     found, places = [], set()
@@ -163,38 +129,15 @@ def host_candidates(lab: Lab) -> list[tuple[Path, object, object]]:
     return found[:MAX_HOST_CANDIDATES]
 
 
-def recapture(lab: Lab, overrides: dict[Path, object]) -> Result:
-    """Re-capture the callable with `overrides` applied to the live objects, replay it, undo the overrides."""
-    args, kwargs = list(lab.args), dict(lab.kwargs)
-    roots = {**lab.roots, "args": args, "kwargs": kwargs}
-    lab.pre.restore()       # NOTE: first: it puts the host values back too, the overrides' included
-    undo = [(path, resolve(path, roots)) for path in overrides]
-
-    def start():
-        """Before each call (a warm-up moves what the callable advances): the pre-replay host values, then the
-        overrides."""
-        restore_in(lab.pre.host, lab.roots)
-        for path, value in overrides.items():
-            assign(path, roots, value)
-    try:
-        graph, outputs = lab.audit.backend.recapture(lab.record.fn, tuple(args), kwargs, start)
-    finally:
-        for path, old in reversed(undo):
-            if old is not MISSING:
-                assign(path, roots, old)
-    tensors = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
-    return lab.run(graph.replay, tensors)
-
-
-def _restores(lab: Lab, overrides: dict) -> bool:
+def _restores(lab: ShadowLab, overrides: dict) -> bool:
     """Does a re-capture with `overrides` restore parity? False when the callable cannot be captured so."""
     try:
-        return lab.matches(recapture(lab, overrides))
+        return lab.matches(lab.run(graph=lab.recapture(overrides)))
     except (RuntimeError, TypeError, AttributeError, ValueError, IndexError):
         return False
 
 
-def host_experiments(lab: Lab, candidates) -> tuple[Experiment, list[Experiment]]:
+def host_experiments(lab: ShadowLab, candidates) -> tuple[Experiment, list[Experiment]]:
     """The control re-capture (every host value as captured, every input absent at capture absent), then one
     re-capture per host value, or absent input, at its live value alone (`one_variable.search`)."""
     captured = {path: value for path, value, _ in candidates}
@@ -213,7 +156,7 @@ def host_experiments(lab: Lab, candidates) -> tuple[Experiment, list[Experiment]
     return control, singles
 
 
-def _frozen_evidence(lab: Lab, path: Path, was, now) -> list[str]:
+def _frozen_evidence(lab: ShadowLab, path: Path, was, now) -> list[str]:
     evidence = [f"{path}: captured {was!r}, live {now!r}: the graph replays the captured value"]
     for moved_path, (a, b) in lab.moved.items():
         if str(moved_path) == str(path):
@@ -222,7 +165,7 @@ def _frozen_evidence(lab: Lab, path: Path, was, now) -> list[str]:
     return evidence
 
 
-def _absent(lab: Lab, path: Path, restores: bool) -> Experiment:
+def _absent(lab: ShadowLab, path: Path, restores: bool) -> Experiment:
     """An input that was None at capture and holds a tensor now: the code that reads it never ran at capture, so
     the graph lacks its work (CAPTURE_CONTEXT, naming the writes the graph skips and the input)."""
     skipped = skipped_writes(lab)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 
 from parity.audit.cheap import Rebind, rank
-from parity.audit.experiments import (Experiment, Lab, copy_experiment, group_copy_experiment, host_candidates,
+from parity.audit.lab import ShadowLab
+from parity.audit.experiments import (Experiment, copy_experiment, group_copy_experiment, host_candidates,
                                       host_experiments)
 from parity.audit.state import Mismatch
 
 
-def _copies(lab: Lab, rebinds: list[Rebind]) -> tuple[list[Experiment], list[str]]:
+def _copies(lab: ShadowLab, rebinds: list[Rebind]) -> tuple[list[Experiment], list[str]]:
     experiments, notes, seen = [], [], set()
     for rebind in sorted(rebinds, key=rank):
         key = (rebind.role.storage, rebind.role.address, id(rebind.live))
@@ -33,7 +34,7 @@ def _copies(lab: Lab, rebinds: list[Rebind]) -> tuple[list[Experiment], list[str
     return experiments, notes
 
 
-def run_experiments(lab: Lab, rebinds: list[Rebind]) -> tuple[Experiment | None, list[Experiment], list[str]]:
+def run_experiments(lab: ShadowLab, rebinds: list[Rebind]) -> tuple[Experiment | None, list[Experiment], list[str]]:
     """(the diagnosis experiment or None, every experiment run, notes)."""
     copies, notes = _copies(lab, rebinds)
     control, singles = host_experiments(lab, host_candidates(lab))
@@ -63,7 +64,7 @@ def run_experiments(lab: Lab, rebinds: list[Rebind]) -> tuple[Experiment | None,
     return None, run, notes
 
 
-def localise(lab: Lab, mismatch: Mismatch, rebinds: list[Rebind], started: float) -> dict:
+def localise(lab: ShadowLab, mismatch: Mismatch, rebinds: list[Rebind], started: float) -> dict:
     """The diagnosis dict of a replay that differs from its eager shadow run."""
     began = time.perf_counter()
     best, run, notes = run_experiments(lab, rebinds)

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import torch
 
-from parity.audit.experiments import Experiment, Lab
+from parity.audit.experiments import Experiment
+from parity.audit.lab import ShadowLab
 from parity.audit.record import Role
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.graphs.roles import resolve
 
 
-def padding_roles(lab: Lab, padded: int, spec: dict | None) -> list[Role]:
+def padding_roles(lab: ShadowLab, padded: int, spec: dict | None) -> list[Role]:
     """The per-step inputs with `padded` rows, plus the roles named in `spec`, one per tensor."""
     picked: dict[tuple[int, int], Role] = {}
     spec = spec or {}
@@ -68,15 +69,14 @@ def _poison(t: torch.Tensor, num_valid: int, value) -> None:
         t[num_valid:] = t[:num_valid][picks]
 
 
-def _poisoned_run(lab: Lab, roles: list[Role], num_valid: int, spec: dict) -> Result:
+def _poisoned_run(lab: ShadowLab, roles: list[Role], num_valid: int, spec: dict) -> Result:
     keep = Snapshot([r.tensor for r in roles])
 
-    def replay():
+    def change():
         for r in roles:
             _poison(r.tensor, num_valid, spec.get(r.name))
-        lab.audit._raw_replay()
     try:
-        result = lab.run(replay, lab.record.outputs)
+        result = lab.run(change)
     finally:
         keep.restore()
     return Result(result.outputs)
@@ -86,7 +86,7 @@ def _integer(role: Role) -> bool:
     return not (role.tensor.is_floating_point() or role.tensor.is_complex())
 
 
-def padding_check(lab: Lab, replayed: Result, num_valid: int, padded: int, spec: dict | None = None
+def padding_check(lab: ShadowLab, replayed: Result, num_valid: int, padded: int, spec: dict | None = None
                   ) -> Experiment | None:
     """A PADDING_LEAK experiment when poisoning padded rows changes real rows; None when padding is inert."""
     spec = spec or {}

@@ -57,13 +57,19 @@ def _rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
     return [int(i) for i in (x != y).any(dim=1).nonzero().flatten().tolist()]
 
 
+def delta(x: torch.Tensor, y: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """|x - y| elementwise in `dtype`, where a NaN or an infinity on one side only is an infinite difference and
+    a NaN on both sides none: a graph-only NaN is a divergence, not a match."""
+    x, y = x.to(dtype), y.to(dtype)
+    out = (x - y).abs()
+    same = (x == y) | (x.isnan() & y.isnan())
+    return torch.where(same, torch.zeros_like(out), torch.where(out.isnan(), float("inf"), out))
+
+
 def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float | None:
     if a.shape != b.shape or not (a.is_floating_point() or a.dtype in (torch.int32, torch.int64)):
         return None
-    x, y = a.double(), b.double()
-    both_nan = x.isnan() & y.isnan()
-    delta = (x - y).abs().masked_fill(both_nan, 0.0)
-    return float(delta.nan_to_num(float("inf")).max()) if delta.numel() else 0.0
+    return float(delta(a, b, torch.float64).max()) if a.numel() else 0.0   # float64: int64 values stay exact
 
 
 def _as_layout(raw: torch.Tensor | None, layout) -> torch.Tensor | None:
@@ -126,6 +132,14 @@ class Snapshot:
         if ptr not in self.saved:
             live = storage_bytes(t)
             self.saved[ptr] = (live, live.clone())
+
+    def before(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` as it was when saved (a view of the saved bytes, in its layout); `t` itself when not saved."""
+        saved = self.saved.get(storage_ptr(t))
+        if saved is None:
+            return t
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(saved[1].untyped_storage(), t.storage_offset(),
+                                                                    t.shape, t.stride())
 
     def add_bytes(self, ptr: int, live: torch.Tensor, saved: torch.Tensor) -> None:
         self.saved.setdefault(ptr, (live, saved))

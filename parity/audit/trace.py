@@ -186,6 +186,15 @@ class ReadSetTracer(RegionAware):
         return out
 
 
+def touched(run) -> tuple[set[int], set[int]]:
+    """The storages `run()` reads and writes of the memory that existed before it (without autograd): a
+    forward's read and write sets from what actually ran, for a caller to name by role."""
+    tracer = ReadSetTracer()
+    with tracer, torch.no_grad():
+        run()
+    return {storage for storage, _, _ in tracer.reads}, set(tracer.writes)
+
+
 class WriteLog(RegionAware):
     """Copy-on-write undo log over every storage that existed when it started."""
 

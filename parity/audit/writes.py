@@ -5,27 +5,18 @@ The capture's tracer recorded every external storage the captured ops write
 callable run eagerly on the live inputs writes. A storage only the eager run
 writes is a write the graph cannot perform at any replay: the code that makes
 it did not run at capture (a branch on an input that was absent then). Each is
-named by the shortest path from the callable's roots that reaches it now.
+named by the lab (`lab.name`: the shortest path from the callable's roots that reaches it now).
 """
 
 from __future__ import annotations
-
-import torch
-
-from parity.audit.trace import storage_ptr
-from parity.graphs.roles import walk
 
 
 def skipped_writes(lab) -> list[str]:
     """Names of the storages the eager run writes and the captured graph never writes."""
     missing = [ptr for ptr in lab.eager.writes if ptr not in lab.record.writes]
-    if not missing:
-        return []
-    names: dict[int, str] = {}
-    for path, value in walk(lab.roots):
-        if isinstance(value, torch.Tensor) and value.numel() and storage_ptr(value) in missing:
-            names.setdefault(storage_ptr(value), str(path))
-    return [names.get(ptr, f"storage 0x{ptr:x}") for ptr in missing]
+    # NOTE: the pre-state holds every storage the eager run wrote (the shadow run's undo log is merged into it).
+    return [(lab.name(lab.pre.saved[ptr][0]) if ptr in lab.pre.saved else None) or f"storage 0x{ptr:x}"
+            for ptr in missing]
 
 
 def absent_evidence(name: str, skipped: list[str], writer: str) -> list[str]:

@@ -11,7 +11,8 @@ from parity.diagnose import (capture_error, descriptor, experiments, host_moves,
                              recapture, reproducible, stride)
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
-from parity.diagnose.state import delta, diff_rows, max_diff, outputs, snapshot
+from parity.audit.state import delta
+from parity.diagnose.state import diff_rows, max_diff, outputs, snapshot
 from parity.engine.spec_decode import RunEvents
 from parity.graphs.capacity import ShortBuffers
 from parity.graphs.capture_errors import CaptureError

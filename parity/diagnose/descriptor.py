@@ -88,12 +88,12 @@ def _right_graph(lab: Divergence) -> tuple[str, bool]:
         experiment = f"capture the {wanted.describe()} now (none was captured for it) and replay it instead"
     if right is None:
         return experiment, False
-    return experiment, lab.replay_matches(right)
+    return experiment, lab.matches(lab.run(graph=right))
 
 
 def _captured_now(lab: Divergence, wanted):
     """A graph of the dispatched phase's forward captured at the dispatched shape on the live metadata."""
     try:
-        return lab.recapture(lab.ev_g.meta, phase=wanted.phase, piecewise=wanted.runtime_mode == PIECEWISE)
+        return lab.recapture(meta=lab.ev_g.meta, phase=wanted.phase, piecewise=wanted.runtime_mode == PIECEWISE)
     except (RuntimeError, IndexError, ValueError):    # the forward cannot be captured here: no experiment
         return None

@@ -91,14 +91,11 @@ def candidates(lab: Divergence, read_by_reference: set[str]) -> list[Repair]:
     ref, graph, ev_r, ev_g, snaps, entry = lab.ref, lab.graph, lab.ev_r, lab.ev_g, lab.snaps, lab.entry
     registry = registry_of(graph, ev_g.owner)
     ref_registry = registry_of(ref, ev_r.owner)
-    graph_state = dict(zip([id(t) for t in snaps["graph"]["live"]], snaps["graph"]["saved"]))
-    ref_state = dict(zip([id(t) for t in snaps["ref"]["live"]], snaps["ref"]["saved"]))
+    graph_state, ref_state = snaps["graph"]["tensors"], snaps["ref"]["tensors"]
 
     def reference_value(name):
-        if name in snaps["ref"]["meta"]:
-            return snaps["ref"]["meta"][name]
-        live = ref_registry[name]
-        return ref_state.get(id(live), live)
+        held = snaps["ref"]["meta"]
+        return ref_state.before(held[name] if name in held else ref_registry[name])
 
     found = []
     d = ev_g.dispatch
@@ -115,14 +112,14 @@ def candidates(lab: Divergence, read_by_reference: set[str]) -> list[Repair]:
             if "kv_cache" in read_by_reference and live is not None and live.data_ptr() != e.address:
                 found.append(Repair(BUFFER_REASSIGNED, "kv_cache", "kv cache object",
                                     "redirect the KV cache to the cache's live tensors", e.tensor, slice(None),
-                                    graph_state.get(id(live), live), e.address, live.data_ptr(),
+                                    graph_state.before(live), e.address, live.data_ptr(),
                                     "the KV cache's tensors were replaced; the graph reads and writes the old ones",
                                     live))
             continue
         if e.name not in read_by_reference or _spec(registry, e.name) is None:
             continue
         region = registry.spec(e.name).used(d.num_tokens, d.num_reqs)
-        before = graph_state.get(id(e.tensor), e.tensor)
+        before = graph_state.before(e.tensor)
         live_registry = registry[e.name]
         live_meta = getattr(ev_g.meta, e.name, None)
         live_meta = live_meta if isinstance(live_meta, torch.Tensor) else None   # host fields are not reads
@@ -141,14 +138,14 @@ def _redirect_attribute(e, live, read_by_reference, graph_state, owner: str) -> 
             or live.untyped_storage().data_ptr() == e.tensor.untyped_storage().data_ptr()):
         return None
     return Repair(BUFFER_REASSIGNED, e.name, f"{owner} object", f"redirect {e.name} to the attribute's live tensor",
-                  e.tensor, slice(None), graph_state.get(id(live), live), e.address, live.data_ptr(),
+                  e.tensor, slice(None), graph_state.before(live), e.address, live.data_ptr(),
                   "the attribute was rebound to a new tensor; the graph reads the one it held at capture", live)
 
 
 def _repair_for(e, region, before, live_registry, live_meta, reference, graph_state) -> Repair | None:
     captured = e.address
     if e.holder == "registry" and live_registry.data_ptr() != captured:
-        live = graph_state.get(id(live_registry), live_registry)
+        live = graph_state.before(live_registry)
         return Repair(BUFFER_REASSIGNED, e.name, "registry", f"redirect {e.name} to the registry's live tensor",
                       e.tensor, region, live[region], captured, live_registry.data_ptr(),
                       "the registry rebound it to a new tensor", live_registry)
@@ -184,7 +181,7 @@ def _padding_repairs(registry, ev_g, graph_state) -> list[Repair]:
         inert = spec.inert_value(d.num_tokens)
         held = (registry[name], getattr(ev_g.meta, name, None))
         for tensor in {t.data_ptr(): t for t in held if t is not None}.values():
-            before = graph_state.get(id(tensor), tensor)
+            before = graph_state.before(tensor)
             if before.dim() and (before[region] != inert).any():
                 found.append(Repair(PADDING_LEAK, name, "registry", f"set the padded entries of {name} inert",
                                     tensor, region, torch.full_like(before[region], inert)))

@@ -103,16 +103,21 @@ def _eager(lab: Divergence, holder, path, value):
             f"{short(value)}", "the control re-run from the unchanged pre-state does not")
 
 
+class _Unsettable(Exception):
+    """A host value the experiment must set cannot be (a frozen dataclass, a property): no re-run."""
+
+
 def _rerun_matches(lab: Divergence, holder, values: dict) -> bool:
     """Re-run the eager forward from the graph run's pre-state with `values` put on `holder`."""
-    lab.restore()
-    if not all(host_state.put(holder, path, value) for path, value in values.items()):
-        lab.restore()
+    def change():
+        if not all(host_state.put(holder, path, value) for path, value in values.items()):
+            raise _Unsettable
+    try:
+        return lab.matches(lab.run(change))
+    except _Unsettable:
         return False
-    lab.replays += 1
-    matched = lab.matches(lab.executor.execute(lab.dispatch, lab.forward(), lab.ev_g.meta))
-    lab.restore()
-    return matched
+    finally:
+        lab.restore()
 
 
 def _graph_side(name, path, before, graph_moves, entry, executor) -> str:

@@ -19,11 +19,15 @@ every forward re-run (`replays`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+import torch
+
 from parity.diagnosis.record import Diagnosis
-from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
+from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, registry_of, restore
 from parity.graphs.capture import capture
+from parity.graphs.manifest import object_tensors, role_name
 from parity.graphs.modes import PIECEWISE
 
 
@@ -70,12 +74,27 @@ class Divergence:
         result = engine.owner(event.owner).executor.execute(event.dispatch, self.forward(run), event.meta)
         return outputs(engine, event, result)
 
-    def recapture(self, meta, prepare=lambda: None, phase: str | None = None, piecewise: bool | None = None):
+    def run(self, change=None, graph=None) -> dict:
+        """From the graph run's pre-state, `change()`, then the forward through its executor (`graph`: that graph
+        replayed on the live metadata instead); its outputs (`parity.audit.lab.Lab`)."""
+        self.restore()
+        if change is not None:
+            change()
+        if graph is None:
+            return self.rerun()
+        self.replays += 1
+        return outputs(self.graph, self.ev_g, graph.replay(self.ev_g.meta))
+
+    def recapture(self, overrides: dict | None = None, prepare=lambda: None, phase: str | None = None,
+                  piecewise: bool | None = None, meta=None):
         """A fresh graph of the forward (of `phase`: another phase's) at the dispatched padded shape, captured from
-        `meta` into a new pool on the graph run's pre-state after `prepare()` (it sets the one thing an experiment
-        changes); the run is put back to its pre-state after, whether the capture succeeds or raises."""
+        `meta` (the capture-time metadata object when None) with the host fields `overrides` set, into a new pool
+        on the graph run's pre-state after `prepare()` (it sets the one thing an experiment changes); the run is
+        put back to its pre-state after, whether the capture succeeds or raises."""
         d, backend = self.dispatch, self.executor.backend
         fn = forward_fn(self.graph, self.ev_g.owner, phase or self.ev_g.phase)
+        meta = self.entry.capture_meta if meta is None else meta
+        meta = meta if overrides is None else dataclasses.replace(meta, **overrides)
         self.restore()
         try:
             prepare()
@@ -86,17 +105,18 @@ class Divergence:
         finally:
             self.restore()
 
-    def replay_matches(self, graph) -> bool:
-        """Replay `graph` on the live metadata from the graph run's pre-state: the reference's outputs?"""
-        self.restore()
-        self.replays += 1
-        return self.matches(graph.replay(self.ev_g.meta))
-
-    def matches(self, returned=None) -> bool:
-        """Does the graph run's forward now produce the reference's outputs (`returned`: what a re-run or
-        another graph returned instead of the forward's own outputs)?"""
-        worst, _ = max_diff(self.out_r, outputs(self.graph, self.ev_g, returned))
+    def matches(self, result=None) -> bool:
+        """Are the graph run's forward outputs the reference's: `result` as `run` returned it, or (a tuple) what a
+        re-run or another graph returned instead of the forward's own outputs, over the run's state now?"""
+        produced = result if isinstance(result, dict) else outputs(self.graph, self.ev_g, result)
+        worst, _ = max_diff(self.out_r, produced)
         return worst <= self.tol
+
+    def name(self, tensor) -> str | None:
+        """The role naming the tensor's storage in the graph run (`storage_roles`): a registry buffer's name, a
+        metadata field, kv_cache, an attribute path of the owner."""
+        roles = storage_roles(self.graph, self.ev_g).get(tensor.untyped_storage().data_ptr())
+        return roles[0][0] if roles else None
 
     def diagnosis(self, kind: str, buffers, **found) -> Diagnosis:
         """A diagnosis at this forward; `found` holds what the stage isolated (evidence, experiment, addresses,
@@ -123,3 +143,31 @@ def run_stages(lab: Divergence, stages) -> Diagnosis | None:
         if found is not None:
             return found
     return None
+
+
+def storage_roles(engine, event) -> dict[int, list[tuple[str, str]]]:
+    """storage -> (role, holder) of every tensor the forward's owner can hand a kernel: its registry's buffers,
+    the metadata object's tensors (when not the same-named buffer's), its KV cache, its attributes."""
+    found: dict[int, list[tuple[str, str]]] = {}
+
+    def add(tensor, role, holder):
+        found.setdefault(tensor.untyped_storage().data_ptr(), []).append((role, holder))
+
+    registry = registry_of(engine, event.owner)
+    for name, tensor in registry.items():
+        add(tensor, name, "registry")
+    fields = [(f.name, getattr(event.meta, f.name)) for f in dataclasses.fields(event.meta)]
+    for name, value in fields:
+        held = registry[name] if name in registry else None
+        if isinstance(value, torch.Tensor) and (
+                held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
+            add(value, name, "metadata object")
+    cache = engine.owner(event.owner).kv_cache.tensors()
+    for tensor in cache:
+        add(tensor, "kv_cache", "kv cache")
+    taken = set(found)
+    for path, tensor in object_tensors(engine.owner(event.owner)):
+        if tensor.untyped_storage().data_ptr() not in taken:
+            taken.add(tensor.untyped_storage().data_ptr())
+            add(tensor, role_name(path), "object")
+    return found

@@ -11,8 +11,8 @@ alone, nothing isolated the cause: UNEXPLAINED, saying what was tried.
 from __future__ import annotations
 
 from parity.diagnosis.kinds import POOL_ALIAS, UNEXPLAINED
-from parity.diagnose.state import delta, state_tensors
-from parity.graphs.manager import restore_tensors, snapshot_tensors
+from parity.audit.state import Snapshot, delta
+from parity.diagnose.state import state_tensors
 
 
 def diagnose(bisector, graph, verify_event, overwritten_by, drift: float, logits_r):
@@ -42,11 +42,10 @@ def _overwrites_again(bisector, graph, verify_event, suspect_event, logits_r) ->
         return False
     logits = verify_event.logits
     t = verify_event.dispatch.num_tokens
-    saved = state_tensors(graph)
-    keep = snapshot_tensors(saved)
+    keep = Snapshot(state_tensors(graph))
     logits[:t].copy_(logits_r.to(logits.dtype))
     bisector.replays += 1
     entry.graph.replay(suspect_event.meta)
     changed = float(delta(logits[:t], logits_r).max()) > bisector.tol
-    restore_tensors(saved, keep)
+    keep.restore()
     return changed

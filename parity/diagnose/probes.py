@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from parity.diagnose.lab import Divergence
-from parity.diagnose.state import delta
+from parity.audit.state import delta
 
 
 def probe_layers(lab: Divergence) -> list[str]:

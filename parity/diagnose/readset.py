@@ -1,9 +1,9 @@
 """The full read set (and write set) of the reference forward at the divergence, by role.
 
 The reference forward is re-run from its pre-state under the audit's tracer
-(`audit.trace.ReadSetTracer`, what a captured callable reads and writes of
-the memory that existed before it); each storage is named by its
-role: a buffer of the owner's registry, a tensor field of the metadata
+(`audit.trace.touched`: the storages a call reads and writes of the memory
+that existed before it, as the audit traces a capture); each storage is named
+by its role (`lab.storage_roles`, the naming `Divergence.name` gives): a buffer of the owner's registry, a tensor field of the metadata
 object, the owner's KV cache, or an attribute path from the owner object
 (`model.hf.model.rotary_emb.inv_freq`, a tensor the proposer keeps), whichever
 object holds it. A role can be read through two holders at
@@ -16,14 +16,8 @@ are never repaired (no innocent buffer gets named).
 
 from __future__ import annotations
 
-import dataclasses
-
-import torch
-
-from parity.audit.trace import ReadSetTracer
-from parity.diagnose.lab import Divergence
-from parity.diagnose.state import registry_of
-from parity.graphs.manifest import object_tensors, role_name
+from parity.audit.trace import touched
+from parity.diagnose.lab import Divergence, storage_roles
 
 
 def reference_reads(lab: Divergence) -> dict[str, set[str]]:
@@ -43,49 +37,23 @@ def reference_writes(lab: Divergence) -> set[str]:
 
 def graph_writes(lab: Divergence) -> set[str]:
     """The roles the graph the forward replayed writes in its captured pieces, named on the graph run."""
-    named = storage_roles(lab.graph, lab.ev_g)
-    return {role for storage in lab.entry.graph.write_storages for role, _ in named.get(storage, ())}
+    return set(by_role(lab.entry.graph.write_storages, storage_roles(lab.graph, lab.ev_g)))
 
 
 def _trace(lab: Divergence) -> None:
-    ev_r = lab.ev_r
+    ev_r, d = lab.ev_r, lab.ev_r.dispatch
     lab.restore("ref")
-    tracer = ReadSetTracer()     # the audit's: what a traced region reads and writes of what existed before it
     lab.replays += 1
-    with tracer, torch.no_grad():
-        lab.forward("ref")(ev_r.dispatch.num_tokens_padded, ev_r.dispatch.num_reqs_padded, ev_r.meta)
+    reads, writes = touched(lambda: lab.forward("ref")(d.num_tokens_padded, d.num_reqs_padded, ev_r.meta))
     lab.restore("ref")
     named = storage_roles(lab.ref, ev_r)
-    lab.reads = {}
-    for storage in {storage for storage, _, _ in tracer.reads}:
+    lab.reads, lab.ref_writes = by_role(reads, named), set(by_role(writes, named))
+
+
+def by_role(storages, named: dict) -> dict[str, set[str]]:
+    """role -> holders of each of `storages` (`storage_roles`: storage -> [(role, holder)]); unnamed ones drop."""
+    found: dict[str, set[str]] = {}
+    for storage in storages:
         for role, holder in named.get(storage, ()):
-            lab.reads.setdefault(role, set()).add(holder)
-    lab.ref_writes = {role for storage in tracer.writes for role, _ in named.get(storage, ())}
-
-
-def storage_roles(engine, event) -> dict[int, list[tuple[str, str]]]:
-    """storage -> (role, holder) of every tensor the forward's owner can hand a kernel: its registry's buffers,
-    the metadata object's tensors (when not the same-named buffer's), its KV cache, its attributes."""
-    found: dict[int, list[tuple[str, str]]] = {}
-
-    def add(tensor, role, holder):
-        found.setdefault(tensor.untyped_storage().data_ptr(), []).append((role, holder))
-
-    registry = registry_of(engine, event.owner)
-    for name, tensor in registry.items():
-        add(tensor, name, "registry")
-    fields = [(f.name, getattr(event.meta, f.name)) for f in dataclasses.fields(event.meta)]
-    for name, value in fields:
-        held = registry[name] if name in registry else None
-        if isinstance(value, torch.Tensor) and (
-                held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
-            add(value, name, "metadata object")
-    cache = engine.owner(event.owner).kv_cache.tensors()
-    for tensor in cache:
-        add(tensor, "kv_cache", "kv cache")
-    taken = set(found)
-    for path, tensor in object_tensors(engine.owner(event.owner)):
-        if tensor.untyped_storage().data_ptr() not in taken:
-            taken.add(tensor.untyped_storage().data_ptr())
-            add(tensor, role_name(path), "object")
+            found.setdefault(role, set()).add(holder)
     return found

@@ -22,8 +22,6 @@ probes' localisation.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from parity.diagnosis.kinds import CAPTURE_CONTEXT, FROZEN_AT_CAPTURE, UNEXPLAINED
@@ -51,7 +49,7 @@ def recaptured(lab: Divergence, fields: dict, contents=(), host: dict | None = N
         for path, value in (host or {}).items():
             if not host_state.put(holder, path, value):
                 raise ValueError(f"{host_state.name(path)} cannot be set")
-    return lab.replay_matches(lab.recapture(dataclasses.replace(lab.entry.capture_meta, **fields), prepare))
+    return lab.matches(lab.run(graph=lab.recapture(fields, prepare)))
 
 
 def absent_inputs(lab: Divergence) -> Diagnosis | None:

@@ -1,12 +1,17 @@
-"""An engine's state as the bisector handles it: snapshots, outputs, differences, regions."""
+"""An engine's state as the bisector handles it: what a forward reads and writes, its pre-state, its outputs.
+
+The ground is the audit's (`parity.audit.state`): a pre-state is a `Snapshot` of storages' bytes, and a
+difference is `delta` (a NaN on one side only is an infinite difference, on both sides none). What is the
+harness's own: which tensors an engine's forward can touch, and its outputs by name over the real entries.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from parity.audit.state import Snapshot, delta
 from parity.engine.buffers import BufferSpec
 from parity.graphs import host_state
-from parity.graphs.manager import restore_tensors, snapshot_tensors
 from parity.graphs.manifest import live_object_tensor
 
 METADATA_FIELDS = ("query_start_loc", "seq_lens", "slot_mapping", "block_table", "positions", "window_start")
@@ -42,29 +47,21 @@ def state_tensors(engine) -> list[torch.Tensor]:
                                  if t is not None and not isinstance(t, torch.nn.Parameter)]
                 elif item.tensor is not None:
                     captured.append(item.tensor)
-    # One tensor per storage: a view the metadata object held of a registry buffer is saved with the buffer.
-    held = {t.untyped_storage().data_ptr() for t in tensors}
-    for t in captured:
-        if t.untyped_storage().data_ptr() not in held:
-            held.add(t.untyped_storage().data_ptr())
-            tensors.append(t)
-    return tensors
+    return tensors + captured     # a `Snapshot` saves each storage once, whichever view reaches it
 
 
 def snapshot(engine, meta) -> dict:
-    """A forward's pre-state: its tensors, the metadata's, and every owner's host values (a counter the forward
-    advances itself is part of what it starts from)."""
-    live = state_tensors(engine)
-    meta_tensors = {name: getattr(meta, name) for name in METADATA_FIELDS}
-    return {"live": live, "saved": snapshot_tensors(live),
-            "meta": {k: v.clone() for k, v in meta_tensors.items()}, "meta_live": meta_tensors,
+    """A forward's pre-state: the bytes of its tensors and the metadata's (`Snapshot`: `before(t)` gives any of them
+    as it was), and every owner's host values (a counter the forward advances itself is part of what it starts
+    from)."""
+    fields = {name: getattr(meta, name, None) for name in METADATA_FIELDS}
+    fields = {name: t for name, t in fields.items() if isinstance(t, torch.Tensor)}   # as held now: `meta`
+    return {"tensors": Snapshot([*state_tensors(engine), *fields.values()]), "meta": fields,
             "host": {owner.name: (owner, host_state.host_values(owner)) for owner in engine.owners()}}
 
 
 def restore(snap: dict) -> None:
-    restore_tensors(snap["live"], snap["saved"])
-    for name, tensor in snap["meta_live"].items():
-        tensor.copy_(snap["meta"][name])
+    snap["tensors"].restore()
     for owner, values in snap["host"].values():
         host_state.restore(values, owner)
 
@@ -97,15 +94,6 @@ def outputs(engine, event, returned=None) -> dict[str, torch.Tensor]:
 
 def _real(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float().clone() if tensor.is_floating_point() else tensor.clone()
-
-
-def delta(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """|x - y| elementwise in float32, where a NaN or an infinity on one side only is an infinite difference and
-    a NaN on both sides none: a graph-only NaN is a divergence, not a match."""
-    x, y = x.float(), y.float()
-    out = (x - y).abs()
-    same = (x == y) | (x.isnan() & y.isnan())
-    return torch.where(same, torch.zeros_like(out), torch.where(out.isnan(), float("inf"), out))
 
 
 def max_diff(a: dict, b: dict) -> tuple[float, list[str]]:

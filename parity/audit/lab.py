@@ -1,0 +1,118 @@
+"""The workbench every one-variable experiment runs on: one forward known to differ from its reference.
+
+Two diagnosers hand a divergent forward over as a `Lab`:
+- the audit's `ShadowLab`: one checked replay of a user's graphed callable;
+  its reference is the callable run eagerly on the same live inputs (the
+  shadow run);
+- the harness's `parity.diagnose.lab.Divergence`: the first divergent forward
+  of a lockstep; its reference is the padded eager reference engine.
+A stage sees only the interface below, so it runs on either; it must not assume
+which reference the lab compares with, nor how the lab names a tensor.
+
+- `run(change, graph)`: put the forward back at its pre-state, apply
+  `change()` (the one thing an experiment changes), run the forward under test
+  (its graph replayed; `graph`: a re-capture's instead) and return what it
+  produced (a value `matches` takes);
+- `matches(result)`: is `result` the reference's, bit for bit?
+- `recapture(overrides)`: a fresh graph of the forward, captured on the
+  pre-state with the host values named in `overrides` (by the lab's own names)
+  set; the lab stands at its pre-state after;
+- `name(tensor)`: the owner path that names the tensor's storage (None: no
+  owner the lab knows reaches it);
+- `replays`: every forward run so far to test a hypothesis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from parity.audit.state import Result, Snapshot, clone_outputs, compare
+from parity.audit.trace import storage_ptr
+from parity.graphs.host_state import restore_in
+from parity.graphs.roles import MISSING, assign, resolve, walk
+
+
+@runtime_checkable
+class Lab(Protocol):
+    replays: int
+
+    def run(self, change=None, graph=None): ...
+
+    def matches(self, result) -> bool: ...
+
+    def recapture(self, overrides: dict): ...
+
+    def name(self, tensor: torch.Tensor) -> str | None: ...
+
+
+@dataclass
+class Recaptured:
+    """A re-captured graph of the audited callable and the outputs its replays write."""
+    graph: object
+    outputs: list[torch.Tensor]
+
+
+class ShadowLab:
+    """A checked replay's workbench: the pre-replay state, the eager shadow run as reference, the graph."""
+
+    def __init__(self, audit, roots: dict, args: tuple, kwargs: dict, pre: Snapshot, eager: Result,
+                 moved: dict | None = None):
+        self.audit = audit
+        self.moved = moved or {}    # host values the callable advanced itself when run eagerly: path -> (a, b)
+        self.record = audit.record
+        self.roots = roots
+        self.args, self.kwargs = args, kwargs
+        self.pre = pre
+        self.eager = eager
+        self.replays = 0
+        self.layouts = self.record.layouts
+
+    def run(self, change=None, graph: Recaptured | None = None) -> Result:
+        """Replay from the pre-replay state after `change()`; the result over the storages the eager run wrote."""
+        self.pre.restore()
+        if change is not None:
+            change()
+        if graph is None:
+            self.audit._raw_replay()
+        else:
+            graph.graph.replay()
+        self.replays += 1
+        writes = {ptr: self.pre.saved[ptr][0].clone() for ptr in self.eager.writes}
+        return Result(clone_outputs(self.record.outputs if graph is None else graph.outputs), writes)
+
+    def matches(self, result: Result) -> bool:
+        return compare(result, self.eager, self.record.output_names, layouts=self.layouts,
+                       defined=self.record.defined) is None
+
+    def recapture(self, overrides: dict) -> Recaptured:
+        """Re-capture the callable with `overrides` ({Path: value}) applied to the live objects, then undo them."""
+        args, kwargs = list(self.args), dict(self.kwargs)
+        roots = {**self.roots, "args": args, "kwargs": kwargs}
+        self.pre.restore()       # NOTE: first: it puts the host values back too, the overrides' included
+        undo = [(path, resolve(path, roots)) for path in overrides]
+
+        def start():
+            """Before each call (a warm-up moves what the callable advances): the pre-replay host values, then
+            the overrides."""
+            restore_in(self.pre.host, self.roots)
+            for path, value in overrides.items():
+                assign(path, roots, value)
+        try:
+            graph, outputs = self.audit.backend.recapture(self.record.fn, tuple(args), kwargs, start)
+        finally:
+            for path, old in reversed(undo):
+                if old is not MISSING:
+                    assign(path, roots, old)
+        return Recaptured(graph, [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)])
+
+    def name(self, tensor: torch.Tensor) -> str | None:
+        """The shortest path from the callable's roots that reaches the tensor's storage."""
+        ptr = storage_ptr(tensor)
+        for path, value in walk(self.roots):
+            if isinstance(value, torch.Tensor) and value.numel() and storage_ptr(value) == ptr:
+                return str(path)
+        return None
