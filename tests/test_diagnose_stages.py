@@ -148,7 +148,7 @@ def test_the_reproducibility_stage_passes_a_forward_that_reproduces_itself(rando
         registry[name].fill_(7)
         raise ValueError("the one change cannot be made")
     with pytest.raises(ValueError):
-        lab.recapture(lab.entry.capture_meta, scribble_then_fail)
+        lab.recapture(None, scribble_then_fail)
     assert torch.equal(registry[name], before) and lab.replays == 2 + 2 * reproducible.RERUNS
 
 
