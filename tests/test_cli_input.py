@@ -64,6 +64,8 @@ def test_bad_scenario_is_one_line_with_file_and_line(tmp_path, capsys, case):
     (["run", "--backend", "tpu"], "invalid choice"),
     (["report", "/nonexistent/run"], "summary.json: not found"),
     (["bisect", "--mode", "eager"], "eager is the reference"),
+    (["run", "--tp-all-reduce", "registered"], "--tp-all-reduce only applies to a tensor-parallel run: add --tp 2"),
+    (["run", "--tp-timeout", "5"], "--tp-timeout only applies to a tensor-parallel run"),
 ])
 def test_bad_options_exit_2_in_one_line(capsys, args, needle):
     code, err = run_cli(capsys, args)

@@ -35,6 +35,7 @@ def main(args) -> int:
     """Run the scenario in each mode, compare with eager, render and save the report."""
     if args.tp != 1:
         return tp.main(args)
+    tp.check_single_process(args)
     request = dataclasses.replace(with_memory(run_request(args), args), jobs=args.jobs)
     if args.plan:
         return show_plan(request)

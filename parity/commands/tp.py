@@ -38,24 +38,36 @@ from parity.report.console import render
 from parity.report.diagnosis import diagnoses_view
 from parity.report.writers import RUN_REPORT_WRITERS, write_diagnosis
 
-GRACE_S = 5.0 
+GRACE_S = 5.0      # after the first rank reports, how much longer than the timeout the others get
 # `parity models synth --at-load` pairs are drawn at load (each rank its slices): the generator is a builder,
 # which only commands may import, so the command layer hands it to the loader.
-pair.register_generator(generate_pair)      # after the first rank reports, how much longer than the timeout the others get
+pair.register_generator(generate_pair)
 
 
 def add_tp_options(p) -> None:
     p.add_argument("--tp", type=count, default=1, metavar="N",
                    help="tensor-parallel ranks (the target sharded over N processes; docs/tp.md)")
-    p.add_argument("--tp-timeout", type=positive, default=120.0, metavar="SECONDS",
-                   help="how long a collective or a descriptor exchange may wait for a peer rank")
-    p.add_argument("--tp-all-reduce", choices=("collective", "registered"), default="collective",
+    p.add_argument("--tp-timeout", type=positive, default=None, metavar="SECONDS",
+                   help="how long a collective or a descriptor exchange may wait for a peer rank (default 120; "
+                        "needs --tp 2 or more)")
+    p.add_argument("--tp-all-reduce", choices=("collective", "registered"), default=None,
                    help="the row-parallel all-reduce: the backend's collective (NCCL, gloo), or a custom all-reduce "
-                        "through registered buffers every rank maps (docs/tp.md); no effect at --tp 1")
+                        "through registered buffers every rank maps (docs/tp.md); needs --tp 2 or more")
+
+
+def check_single_process(args) -> None:
+    """A tensor-parallel option given without --tp N is a mistake, not a no-op."""
+    given = [flag for flag, value in (("--tp-timeout", args.tp_timeout), ("--tp-all-reduce", args.tp_all_reduce))
+             if value is not None]
+    if given:
+        raise ParityInputError(f"{', '.join(given)} only applies to a tensor-parallel run: add --tp 2 (or more), "
+                               f"or drop {' and '.join(given)}")
 
 
 def main(args) -> int:
     """Launch the ranks, wait for them, place one run folder, render, exit 0 / 1."""
+    args.tp_timeout = 120.0 if args.tp_timeout is None else args.tp_timeout
+    args.tp_all_reduce = args.tp_all_reduce or "collective"
     request = with_memory(run_request(args), args)
     backend, device = resolve_backend(request.backend)
     _check_tp(args, device)
