@@ -66,6 +66,10 @@ def test_bad_scenario_is_one_line_with_file_and_line(tmp_path, capsys, case):
     (["bisect", "--mode", "eager"], "eager is the reference"),
     (["run", "--tp-all-reduce", "registered"], "--tp-all-reduce only applies to a tensor-parallel run: add --tp 2"),
     (["run", "--tp-timeout", "5"], "--tp-timeout only applies to a tensor-parallel run"),
+    (["models", "synth", "--shape", "llama3-70b", "--head", "eagle1", "--at-load", "--peak", "0.6", "--out",
+      "/nonexistent/p"], "--peak calibrates weights, and --at-load pairs are drawn at load"),
+    (["models", "synth", "--shape", "tiny", "--head", "eagle1", "--scale", "0.1", "--out", "/nonexistent/p"],
+     "--scale is the at-load recipe's"),
 ])
 def test_bad_options_exit_2_in_one_line(capsys, args, needle):
     code, err = run_cli(capsys, args)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from parity.commands.common import EXIT_PASS, Parser
+from parity.errors import ParityInputError
 from parity.models.assets import write_manifest
 from parity.builders.synth.at_load import DEFAULT_SCALE, write_recipe
 from parity.builders.synth.build import check_out, synthesize
@@ -63,6 +64,12 @@ def main(args) -> int:
 
 def synth(args) -> int:
     """Write a random-weights target + EAGLE head calibrated to --acceptance into --out (exit 2 on bad input)."""
+    if args.at_load and args.peak is not None:
+        raise ParityInputError("--peak calibrates weights, and --at-load pairs are drawn at load, uncalibrated: "
+                               "drop --peak, or drop --at-load")
+    if args.scale is not None and not args.at_load:
+        raise ParityInputError("--scale is the at-load recipe's; a synthesised pair calibrates its own scale: "
+                               "drop --scale, or add --at-load")
     request = SynthRequest(args.shape, args.head, args.acceptance, args.dtype, args.out, args.seed, args.device,
                            args.mtp_layers, args.hybrid_every, args.peak)
     if args.at_load:
