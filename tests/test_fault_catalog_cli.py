@@ -34,3 +34,14 @@ def test_each_entry_says_where_it_strikes_and_where_it_shows():
         assert f"scenario {fault.scenario}" in flat
         assert f"shows in {', '.join(fault.manifests_in)}" in flat
         assert " ".join(fault.description.split()) in flat
+
+
+def test_each_entry_says_how_to_run_it_tensor_parallel_and_head_included():
+    flat = " ".join(render(120).split())
+    for fault in FAULTS.values():
+        words = ["parity run", *(["--tp", str(fault.tp)] if fault.tp > 1 else []), *fault.args,
+                 "--scenario", f"scenarios/{fault.scenario}.yaml", "--inject", fault.name]
+        assert f"run it {' '.join(words)}" in flat, fault.name
+        if fault.head:
+            assert f"parity models synth --shape tiny --head {fault.head} --dtype float32" in flat, fault.name
+    assert "parity run --tp 2 --tp-all-reduce registered" in flat
