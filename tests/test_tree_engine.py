@@ -94,23 +94,28 @@ def test_tree_graphs_equal_eager_and_their_padded_reference(random_pair, tree_ea
     assert (drafted.num_tokens == TREE_CFG["topk"] * drafted.num_reqs).all(), "a draft step forwards the frontier"
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["piecewise", "full"])
-def test_tree_cuda_graphs_equal_their_padded_reference(random_pair, mode):
-    """On CUDA the replays are bitwise equal to the padded reference (the same kernels, eagerly)."""
+def cuda_graphs_and_reference(random_pair, mode: str, cfg: dict, specs):
+    """`specs` on CUDA: (the run under `mode`'s graphs, the run under its padded reference), on a copy of the pair."""
     import copy
 
     target, head = copy.deepcopy(random_pair)
     pair = target.to("cuda"), head.to("cuda")
     runs = []
     for reference in (False, True):
-        engine = SpecDecodeEngine(*pair, engine_config(**TREE_CFG), device="cuda")
+        engine = SpecDecodeEngine(*pair, engine_config(**cfg), device="cuda")
         if reference:
             install_padded_reference(engine, mode)
         else:
             assert sum(install_graphs(engine, mode, "cuda")["graphs"].values()) > 0
-        runs.append(engine.run(SPECS))
-    graphs, ref = runs
+        runs.append(engine.run(specs))
+    return runs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["piecewise", "full"])
+def test_tree_cuda_graphs_equal_their_padded_reference(random_pair, mode):
+    """On CUDA the replays are bitwise equal to the padded reference (the same kernels, eagerly)."""
+    graphs, ref = cuda_graphs_and_reference(random_pair, mode, TREE_CFG, SPECS)
     assert graphs.outputs == ref.outputs
     assert by_token(graphs).logprob.tolist() == by_token(ref).logprob.tolist()
     assert by_draft(graphs)[["draft_token", "accepted"]].equals(by_draft(ref)[["draft_token", "accepted"]])

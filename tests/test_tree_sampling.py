@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import by_draft, by_token, engine_config, make_specs
+from tests.test_tree_engine import cuda_graphs_and_reference
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.engine.tree import DraftTree
 from parity.engine.tree_sampling import accept_sampled, choose_child, residual_logits
@@ -59,19 +60,7 @@ def test_sampled_tree_graphs_equal_their_padded_reference(random_pair):
 
 @pytest.mark.gpu
 def test_sampled_tree_cuda_graphs_equal_their_padded_reference(random_pair):
-    import copy
-
-    target, head = copy.deepcopy(random_pair)
-    pair = target.to("cuda"), head.to("cuda")
-    runs = []
-    for reference in (False, True):
-        engine = SpecDecodeEngine(*pair, engine_config(**TREE_CFG), device="cuda")
-        if reference:
-            install_padded_reference(engine, "full")
-        else:
-            assert sum(install_graphs(engine, "full", "cuda")["graphs"].values()) > 0
-        runs.append(engine.run(SPECS))
-    graphs, ref = runs
+    graphs, ref = cuda_graphs_and_reference(random_pair, "full", TREE_CFG, SPECS)
     assert graphs.outputs == ref.outputs
     assert by_token(graphs).logprob.tolist() == by_token(ref).logprob.tolist()
 

@@ -78,12 +78,7 @@ class OverlapEngine(SpecDecodeEngine):
     def _step(self, step, rows, records):
         k, target, stager = self.k, self.target, self.stager
         plans = [RowPlan(r.request.req_id, r.query, r.first_position, r.request.blocks) for r in rows]
-        starts = [0]
-        for p in plans:
-            starts.append(starts[-1] + p.query_len)
-        uniform = all(not r.is_prefill for r in rows) and k > 0
-        dispatch = target.executor.dispatch("verify", starts[-1], len(rows), uniform)
-        meta = target.builder.build(plans, dispatch.num_tokens_padded, dispatch.num_reqs_padded)
+        starts, dispatch, meta = self._verify_batch(rows, plans)
         stager.flush()
         stager.before_overwrite(LOGITS)      # the last step's logits rows are read back before this verify
         stager.consume("verify")

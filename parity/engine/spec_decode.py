@@ -163,12 +163,7 @@ class SpecDecodeEngine:
         plans = [RowPlan(r.request.req_id, r.query, r.first_position, r.request.blocks,
                          tree_verify.verify_tree(r.request.draft_tree, r.first_position)
                          if tree and not r.is_prefill else None) for r in rows]
-        starts = [0]
-        for p in plans:
-            starts.append(starts[-1] + p.query_len)
-        uniform = all(not r.is_prefill for r in rows) and k > 0
-        dispatch = target.executor.dispatch("verify", starts[-1], len(rows), uniform)
-        meta = target.builder.build(plans, dispatch.num_tokens_padded, dispatch.num_reqs_padded)
+        starts, dispatch, meta = self._verify_batch(rows, plans)
         logits, features = yield from self._forward(step, target, dispatch, meta, None, records, len(rows))
         for row in rows:
             if row.is_prefill:
@@ -193,6 +188,16 @@ class SpecDecodeEngine:
             records.record_step(step, rows, starts, emitted, verified, logits, k)
         self._finish(rows)
         target.settle(rows, plans, emitted)
+
+    def _verify_batch(self, rows, plans):
+        """The verify forward's query starts, its dispatch (uniform when every row decodes) and its metadata."""
+        starts = [0]
+        for p in plans:
+            starts.append(starts[-1] + p.query_len)
+        uniform = all(not r.is_prefill for r in rows) and self.k > 0
+        dispatch = self.target.executor.dispatch("verify", starts[-1], len(rows), uniform)
+        meta = self.target.builder.build(plans, dispatch.num_tokens_padded, dispatch.num_reqs_padded)
+        return starts, dispatch, meta
 
     def _draft_and_end(self, step, rows, plans, starts, emitted, features, records, logits):
         """The drafter proposes the next tokens (without one, the verified tokens are emitted), then the step ends."""
