@@ -171,3 +171,39 @@ def test_a_compiled_call_captured_into_a_pool_replays_on_the_live_input():
         x.copy_(x.flip(0))
         graph.replay()
     assert torch.equal(out, (x * 2).relu() + 1) and len(calls) >= 2
+
+
+def test_the_shadow_run_computes_under_the_torch_state_the_graph_was_captured_in():
+    """nano-vllm captures under set_default_dtype(float16) and set_default_device("cuda") and serves under
+    float32 and the CPU. The graph keeps what its capture baked (here a float64 factory, so a float64 output);
+    a shadow run under the serving state computes something else, and calls the compiled layer under other
+    guards (dynamo compiles it again; at its recompile limit it runs eagerly: other kernels, other bits)."""
+    compiles = []
+
+    def backend(gm, inputs):
+        compiles.append(1)
+        return gm.forward
+    w = torch.linspace(-1, 1, 256).view(16, 16)
+    layer = torch.compile(lambda x: torch.tanh(x @ w) + torch.arange(16) / 16, backend=backend, dynamic=False)
+    x = torch.linspace(-1, 1, 32).view(2, 16)
+
+    def step():
+        return layer(x)
+    dtype = torch.get_default_dtype()
+    with torch.no_grad(), auto_audit(on_mismatch="record") as session:
+        torch.set_default_dtype(torch.float64)
+        torch.set_default_device("cpu")
+        try:
+            step()                                                      # warm-up: compiles
+            graph = emulated.CUDAGraph()
+            with emulated.graph(graph):
+                out = step()
+            captured = len(compiles)
+        finally:
+            torch.set_default_dtype(dtype)
+            torch.set_default_device(None)
+        graph.replay()
+    assert out.dtype == torch.float64
+    assert session.errors == [] and len(session.audits) == 1 and session.audits[0].replays == 1
+    assert len(compiles) == captured            # the replay's checks ran the artifacts the capture compiled
+    assert torch.get_default_dtype() == dtype and torch.get_default_device() == torch.device("cpu")

@@ -81,8 +81,9 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
         pre.restore()
         num_valid, padded = audit.num_valid_now(), audit.padded_rows
         watch = PaddedWrites(num_valid, padded) if num_valid is not None and padded and num_valid < padded else None
-        # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape.
-        with at_graph_shape(found, roots) as shaped:
+        # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape,
+        # under the torch state the graph was captured in (default dtype and device, inference mode).
+        with record.ambient.entered(), at_graph_shape(found, roots) as shaped:
             with watch or contextlib.nullcontext():
                 eager, log = shadow(record.fn, args, kwargs)
             moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly

@@ -19,6 +19,7 @@ from parity.audit.defined import Undefined
 from parity.graphs.roles import HOST_TYPES, Path, chain_of, resolve, roots_of, walk
 from parity.audit.state import bit_equal
 from parity.audit.trace import ReadSetTracer, byte_range, merged, storage_ptr, version_of
+from parity.graphs.ambient import Ambient
 
 MAX_PATHS_PER_TENSOR = 3
 MAX_HOST_VALUES = 4000
@@ -85,6 +86,7 @@ class CaptureRecord:
     undefined: Undefined = field(default_factory=Undefined)   # produced bytes the graph never writes
     defined: list | None = None     # per output: elements the graph writes (bool mask; None: all); see settle()
     produced: list = field(default_factory=list)   # byte ranges the capture handed out: what every replay writes
+    ambient: Ambient = field(default_factory=Ambient.now)   # the torch state it was captured under
 
     def settle(self) -> None:
         """Work that runs torch ops, done once after the capture closed (ops inside it would be captured).

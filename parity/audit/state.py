@@ -50,7 +50,7 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
-    if a.shape != b.shape or a.dim() == 0:
+    if a.shape != b.shape or a.dtype != b.dtype or a.dim() == 0:
         return []
     x = a.reshape(a.shape[0], -1).view(torch.uint8) if a.numel() else a
     y = b.reshape(b.shape[0], -1).view(torch.uint8) if b.numel() else b

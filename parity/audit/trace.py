@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from parity.audit.defined import EMPTY_FACTORIES, Undefined
 from parity.graphs.compiled import Region, RegionAware, in_region
+from parity.graphs import launches  # noqa: F401 (Triton's launches seen as regions)
 
 
 def version_of(t: torch.Tensor) -> int | None:
@@ -150,13 +151,16 @@ class ReadSetTracer(RegionAware):
         return t.numel() > 0 and not self._produced.contains(*byte_range(t))
 
     def region_enter(self, region: Region) -> None:
-        self.ops.append(f"compiled {getattr(region.fn, '__qualname__', region.fn)}")
+        what = "kernel" if region.opaque else "compiled"
+        self.ops.append(f"{what} {getattr(region.fn, '__qualname__', region.fn)}")
         for t in region.reads:
             if self.is_external(t):
                 self.reads.setdefault((storage_ptr(t), *byte_range(t)), t)
         for t in region.writes:
             if self.is_external(t):
                 self.writes.setdefault(storage_ptr(t), t)
+        # NOTE: a kernel launch may fill what it is given (an output from torch.empty): defined from here on.
+        for t in region.may_write:
             self.undefined.written(*byte_range(t))
 
     def region_exit(self, region: Region, result) -> None:
@@ -210,7 +214,7 @@ class WriteLog(RegionAware):
             self.saved[ptr] = (live, live.clone())
 
     def region_enter(self, region: Region) -> None:
-        for t in region.writes:
+        for t in region.may_write:
             self._save(t)
 
     def region_exit(self, region: Region, result) -> None:

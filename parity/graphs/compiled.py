@@ -45,7 +45,9 @@ def _wrapper_code():
 _WRAPPER = None
 # Saved at import, before an auto-audit patches it: the twin's throwaway capture must never be audited.
 _CUDA_GRAPH = getattr(torch.cuda, "CUDAGraph", None)
-_STATE = {"modes": 0, "previous": None, "open": [], "dry": False}
+STATE = {"modes": 0, "previous": None, "traced": False, "open": [], "dry": False}
+# (enter, leave): called as the first RegionAware mode enters and after the last one left (launches.py's).
+HOOKS: list[tuple] = []
 
 
 def available() -> bool:
@@ -98,10 +100,17 @@ class _DryTrace(TorchDispatchMode):
 class Region:
     """One outermost call of a compiled callable: its original Python, inputs, and what it reads and writes."""
 
+    opaque = False      # a kernel launch (launches.py): no dry twin, nothing known of its writes
+
     def __init__(self, fn, context, args: tuple, kwargs: dict):
         self.fn, self.context, self.args, self.kwargs = fn, context, args, kwargs
         self.reads: list[torch.Tensor] = []
         self.writes: list[torch.Tensor] = []
+
+    @property
+    def may_write(self) -> list[torch.Tensor]:
+        """Everything the region may write (a compiled region: what its twin wrote)."""
+        return self.writes
 
     def compiled(self):
         """The compiled callable again (dynamo's cache is keyed by code, so this runs the same artifact)."""
@@ -112,7 +121,7 @@ class Region:
         # Only a process that initialised CUDA can be capturing or have used its RNG; asking initialises it.
         capturing = torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
         trace = _DryTrace(undo=not capturing)
-        _STATE["dry"] = True
+        STATE["dry"] = True
         with _disable_current_modes():          # neither the program's modes nor the audit's see the twin
             rng = torch.get_rng_state()
             cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_initialized() and not capturing else None
@@ -123,7 +132,7 @@ class Region:
                     with trace:
                         self.fn(*self.args, **self.kwargs)
             finally:
-                _STATE["dry"] = False
+                STATE["dry"] = False
                 for whole, saved in trace.saved.values():
                     whole.copy_(saved)
                 torch.set_rng_state(rng)
@@ -170,47 +179,52 @@ class RegionAware(TorchDispatchMode):
         return available()
 
     def region_enter(self, region: Region) -> None:
-        """Before the compiled call runs (its reads and writes known)."""
+        """Before the compiled call (or kernel launch, `region.opaque`) runs (its reads and writes known)."""
 
     def region_exit(self, region: Region, result) -> None:
         """After it returned `result` (None when it raised)."""
 
     def __enter__(self):
-        if available():
-            _install()
+        _install()
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            if available():
-                _uninstall()
+            _uninstall()
 
 
 def in_region() -> bool:
     """True while a compiled region the modes were told of runs (its dispatched ops are its internals)."""
-    return bool(_STATE["open"])
+    return bool(STATE["open"])
 
 
 def _install() -> None:
-    _STATE["modes"] += 1
-    if _STATE["modes"] == 1:
-        _STATE["previous"] = sys.gettrace()
-        sys.settrace(_global)
+    STATE["modes"] += 1
+    if STATE["modes"] == 1:
+        for enter, _ in HOOKS:
+            enter()
+        STATE["traced"] = available()
+        if STATE["traced"]:
+            STATE["previous"] = sys.gettrace()
+            sys.settrace(_global)
 
 
 def _uninstall() -> None:
-    _STATE["modes"] -= 1
-    if _STATE["modes"] == 0:
-        sys.settrace(_STATE["previous"])
-        _STATE["previous"] = None
+    STATE["modes"] -= 1
+    if STATE["modes"] == 0:
+        for _, leave in HOOKS:
+            leave()
+        if STATE["traced"]:
+            sys.settrace(STATE["previous"])
+        STATE["previous"], STATE["traced"] = None, False
 
 
 def _global(frame, event, arg):
-    previous = _STATE["previous"]
+    previous = STATE["previous"]
     local = previous(frame, event, arg) if previous is not None else None
-    if frame.f_code is not _WRAPPER or _STATE["open"] or _STATE["dry"]:
+    if frame.f_code is not _WRAPPER or STATE["open"] or STATE["dry"]:
         return local
     stack = _get_current_dispatch_mode_stack()
     if any(not m.is_infra_mode() and not m.ignore_compile_internals() for m in stack):
@@ -226,7 +240,7 @@ def _global(frame, event, arg):
     with _disable_current_modes():          # the modes' own bookkeeping is not the program's
         for mode in modes:
             mode.region_enter(region)
-    _STATE["open"].append(frame)
+    STATE["open"].append(frame)
     frame.f_trace_lines = False
     return _returned(local, frame, region, modes)
 
@@ -236,7 +250,7 @@ def _returned(local, frame, region: Region, modes: list):
         if local is not None:
             local(f, event, arg)
         if event == "return" and f is frame:
-            _STATE["open"].remove(frame)
+            STATE["open"].remove(frame)
             with _disable_current_modes():
                 for mode in reversed(modes):
                     mode.region_exit(region, arg)

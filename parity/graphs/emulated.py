@@ -29,9 +29,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from parity.errors import CaptureSyncError
+from parity.graphs.ambient import Ambient
 from parity.graphs.compiled import Region, RegionAware, in_region
 from parity.graphs.touched import Touched, is_node, read_of, schema_facts, tensors_in
 from parity.graphs.emulated_pool import EmulatedPool
+from parity.graphs import launches  # noqa: F401 (Triton's launches seen as regions)
 
 aten = torch.ops.aten
 
@@ -130,10 +132,12 @@ class _RegionCall:
     def __init__(self, region: Region, picks: list[int]):
         self.compiled, self.picks = region.compiled(), picks
         self.inference = torch.is_inference_mode_enabled()
+        self.ambient = Ambient.now()
         self.__name__ = f"compiled {getattr(region.fn, '__qualname__', region.fn)}"
 
     def __call__(self, *args, **kwargs):
-        with torch.inference_mode(self.inference), torch.no_grad():
+        # NOTE: the capture's guards, or dynamo compiles the region again (see ambient.py).
+        with self.ambient.defaults(), torch.inference_mode(self.inference), torch.no_grad():
             flat = [t for t in tree_flatten(self.compiled(*args, **kwargs))[0] if isinstance(t, torch.Tensor)]
         return [flat[i] for i in self.picks]
 
@@ -156,8 +160,13 @@ class _Recorder(RegionAware):
         self.touched = Touched()
 
     def region_exit(self, region: Region, result) -> None:
-        """The compiled region is one op: its reads and writes from its dry twin, its new outputs copied."""
+        """The compiled region is one op: its reads and writes from its dry twin, its new outputs copied (a kernel
+        launch: one op too)."""
         if result is None:
+            return
+        if region.opaque:         # a kernel launch: launched again on replay, on the same arguments
+            self.touched.add_tensors(region.reads, [])
+            self.ops.append((region.replay, tree_map(_freeze, region.args), tree_map(_freeze, region.kwargs), None))
             return
         self.touched.add_tensors(region.reads, region.writes)
         given = [t for t in tree_flatten((region.args, region.kwargs))[0] if isinstance(t, torch.Tensor)]
