@@ -94,6 +94,10 @@ class Bisector:
         overwritten_by = None
         ref_events, graph_events = RunEvents(ref.events(self.specs)), RunEvents(graph.events(self.specs))
         for ev_r in ref_events:
+            if pre is not None and "graph" not in snaps:
+                # NOTE: the graph run's pre-state is taken once the reference's forward ran, just before its own:
+                # state the two runs share (a workspace of the model both hold) is then what the graph started from.
+                snaps["graph"] = snapshot(graph, pre.meta)
             try:
                 ev_g = next(graph_events)
             except StopIteration:
@@ -112,7 +116,7 @@ class Bisector:
                 return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
                     "the two runs' schedules parted without a forward's outputs differing first"])
             if ev_g.kind == "pre":
-                snaps, pre = {"ref": snapshot(ref, ev_r.meta), "graph": snapshot(graph, ev_g.meta)}, ev_g
+                snaps, pre = {"ref": snapshot(ref, ev_r.meta)}, ev_g
                 continue
             if ev_g.kind == "step_end":
                 if target_out is not None:
