@@ -133,6 +133,22 @@ def test_seq_lens_refreshed_on_rank_zero_only_is_named(tmp_path):
     assert "on rank 1 only" in " ".join(summary["diagnosis"]["evidence"])
 
 
+def test_ranks_whose_bisections_decide_apart_end_as_rank_divergence(tmp_path, monkeypatch):
+    """A decision every rank must take alike, taken apart (here: rank 1 alone sees the graph's shape differ from the
+    padding), stops the bisection on both ranks: RANK_DIVERGENCE naming the decision and both values, no hang."""
+    from parity.diagnose import descriptor
+    from parity.graphs.rank_guard import tp_rank
+
+    monkeypatch.setattr(descriptor, "shape_differs", lambda dispatch, entry: tp_rank() == 1)   # the forked ranks see it
+    began = time.monotonic()
+    code, summary, _ = _run(tmp_path, "--inject", "tp-seq-lens-rank0-only", modes="full")
+    d = summary["diagnosis"]
+    assert code == 1 and d["kind"] == "RANK_DIVERGENCE" and d["rank"] == 1 and not d["stalled"]
+    assert "graph shape differs from the padding" in d["evidence"][0]
+    assert d["descriptors"] == {"rank 0": "false", "rank 1": "true"}
+    assert time.monotonic() - began < 60
+
+
 def test_a_rank_padding_to_another_size_ends_as_rank_divergence(tmp_path):
     code, summary, out = _run(tmp_path, "--inject", "tp-rank-pads-up", modes="full")
     d = summary["diagnosis"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from parity.diagnosis.record import Diagnosis
-from parity.graphs.tp_agree import first_found, gather
+from parity.graphs.tp_agree import active, first_found, gather
 
 
 @dataclasses.dataclass
@@ -52,6 +52,8 @@ def where(candidate: Candidate, world: int) -> str:
 def shared(label: str, local: Diagnosis | None) -> Diagnosis | None:
     """The diagnosis of the first rank that has one, the same on every rank (every rank agreed the experiment
     restored parity; a rank with nothing to change there has no account of its own)."""
+    if not active():
+        return local
     found, rank = first_found(label, None if local is None else local.as_dict())
     if found is None:
         return None
