@@ -36,7 +36,7 @@ GRAPH_MODES = [m for m in MODES if m != "eager"]
 
 SEAM = ("--simulate-padding-numerics", "0.1")
 VARIANTS = {"plain": (), "numerics": SEAM}
-# The tensor-parallel faults need --tp 2 and are not bisected: tests/test_tp.py finds each of them. The overlapped
+# The tensor-parallel faults need --tp 2: tests/test_tp.py and tests/test_tp_faults.py name each of them. The overlapped
 # loop's faults are graded through parity run in tests/test_overlap_cli.py (costly: each diagnosis re-runs the
 # mode a dozen times).
 CELLS = [(variant, name) for variant in VARIANTS for name in FAULTS

@@ -2,8 +2,9 @@
 
 The all-reduce is an op the emulated recorder captures and replays on the live input; the tiny pair passes
 bitwise per rank in every mode; each TP fault is found through `parity run --tp 2 --inject F` (here and in the
-CPU twin of the 70B check, tests/test_tp_scale.py, which runs tp-seq-lens-rank0-only); a rank that
-parts from its peers (another descriptor, or none) ends the run as RANK_DIVERGENCE, never a hang.
+CPU twin of the 70B check, tests/test_tp_scale.py, which runs tp-seq-lens-rank0-only) and NAMED by the bisection
+every rank runs in lockstep (the registered-buffer faults: tests/test_tp_faults.py); a rank that parts from its
+peers (another descriptor, or none) ends the run as RANK_DIVERGENCE, never a hang.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from parity.errors import ParityInputError
+from parity.faults.catalog import FAULTS
 from parity.graphs.rank_guard import RankDivergence, agree
 from parity.harness.tp_session import TpLaunch, init_rank, run_verdict
 from parity.models import tp
@@ -65,14 +67,14 @@ def test_heads_that_do_not_divide_are_refused_in_one_line():
     assert code == 2 and err.count("\n") == 1 and "does not divide over 3 ranks" in err
 
 
-def test_a_rank_runs_its_modes_one_after_another_and_unbisected():
+def test_a_rank_runs_its_modes_one_after_another_and_bisects_them():
     # Worker processes of a concurrent session are outside the process group: a rank's runs must stay in it.
     from parity.graphs.modes import MODES
     from parity.harness.request import RunRequest
     from parity.harness.tp_session import rank_request
 
     ranked = rank_request(RunRequest("tiny-llama3-eagle", "scenarios/default.yaml", MODES, "cuda", jobs=None))
-    assert ranked.jobs == 1 and not ranked.bisect and "RankGuard" in ranked.policy.executor.__name__
+    assert ranked.jobs == 1 and ranked.bisect and "RankGuard" in ranked.policy.executor.__name__
 
 
 def test_tp1_is_the_engine_of_today():
@@ -105,6 +107,46 @@ def test_tp2_passes_bitwise_per_rank_in_every_mode(tmp_path):
             if mode != "eager":
                 assert m["reference"]["bitwise_equal"] and m["graph_replays"] > 0, (rank, mode)
     assert (out / "records.parquet").is_file() and (out / "report.md").is_file()
+
+
+def assert_named(fault: str, summary: dict, out: Path, modes) -> None:
+    """Every mode `fault` shows in is NAMED with its catalogued kind and buffers, the same on every rank, by an
+    experiment; the run's summary and diagnosis.json carry rank 0's."""
+    expected = FAULTS[fault]
+    ranked = [json.loads((out / "ranks" / f"rank{r}" / "summary.json").read_text()) for r in range(2)]
+    for mode in modes:
+        found = [r["diagnoses"][mode] for r in ranked]
+        assert found[0]["kind"] == expected.kind and set(expected.buffers) <= set(found[0]["buffers"]), found[0]
+        assert found[0]["experiment"] and found[0]["phase"] is not None, found[0]
+        assert all((f["kind"], f["buffers"], f["evidence"]) == (found[0]["kind"], found[0]["buffers"],
+                                                                  found[0]["evidence"]) for f in found)
+    assert summary["diagnosis"]["kind"] == expected.kind
+    assert json.loads((out / "diagnosis.json").read_text())["buffers"] == summary["diagnosis"]["buffers"]
+
+
+def test_seq_lens_refreshed_on_rank_zero_only_is_named(tmp_path):
+    """Rank 1's seq_lens goes stale in its FULL graphs; the all-reduce spreads it to rank 0. Both ranks bisect in
+    lockstep, try rank 1's repair on both (a no-op on rank 0), and name it alike."""
+    code, summary, out = _run(tmp_path, "--inject", "tp-seq-lens-rank0-only", modes="full")
+    assert code == 1 and summary["verdict"] == "drift"
+    assert_named("tp-seq-lens-rank0-only", summary, out, ["full"])
+    assert "on rank 1 only" in " ".join(summary["diagnosis"]["evidence"])
+
+
+def test_ranks_whose_bisections_decide_apart_end_as_rank_divergence(tmp_path, monkeypatch):
+    """A decision every rank must take alike, taken apart (here: rank 1 alone sees the graph's shape differ from the
+    padding), stops the bisection on both ranks: RANK_DIVERGENCE naming the decision and both values, no hang."""
+    from parity.diagnose import descriptor
+    from parity.graphs.rank_guard import tp_rank
+
+    monkeypatch.setattr(descriptor, "shape_differs", lambda dispatch, entry: tp_rank() == 1)   # the forked ranks see it
+    began = time.monotonic()
+    code, summary, _ = _run(tmp_path, "--inject", "tp-seq-lens-rank0-only", modes="full")
+    d = summary["diagnosis"]
+    assert code == 1 and d["kind"] == "RANK_DIVERGENCE" and d["rank"] == 1 and not d["stalled"]
+    assert "graph shape differs from the padding" in d["evidence"][0]
+    assert d["descriptors"] == {"rank 0": "false", "rank 1": "true"}
+    assert time.monotonic() - began < 60
 
 
 def test_a_rank_padding_to_another_size_ends_as_rank_divergence(tmp_path):
@@ -151,15 +193,16 @@ def test_a_rank_that_never_reports_makes_the_run_rank_divergence():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("fault,expect", [(None, "pass"), ("tp-seq-lens-rank0-only", "drift"),
+@pytest.mark.parametrize("fault,expect", [(None, "pass"), ("tp-seq-lens-rank0-only", "named"),
                                           ("tp-rank-pads-up", "RANK_DIVERGENCE"), ("tp-rank-stalls", "RANK_DIVERGENCE")])
 def test_gpu_tp2(fault, expect):
     with tempfile.TemporaryDirectory() as tmp:
-        code, summary, _ = _run(Path(tmp), "--backend", "cuda", *(["--inject", fault] if fault else []),
-                                modes="all" if fault is None else "full")
+        code, summary, out = _run(Path(tmp), "--backend", "cuda", *(["--inject", fault] if fault else []),
+                                  modes="all" if fault is None else "full")
+        if expect == "named":
+            assert code == 1 and summary["verdict"] == "drift"
+            assert_named(fault, summary, out, ["full"])
     if expect == "pass":
         assert code == 0 and all(e["verdict"] == "pass" for e in summary["tp"]["ranks"].values())
     elif expect == "RANK_DIVERGENCE":
         assert summary["diagnosis"]["kind"] == expect and summary["diagnosis"]["rank"] == 1
-    else:
-        assert code == 1 and summary["verdict"] == "drift"

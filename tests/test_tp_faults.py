@@ -3,8 +3,9 @@
 The mechanism first, on two forked ranks: a captured registered all-reduce replays the live sum while its buffer
 is the one registered, and, once the buffer is registered anew after capture, replays the sum the new buffer
 holds (what the ranks last staged eagerly), not the sum of what it staged. Then the user's path, `parity run
---tp 2 --tp-all-reduce registered` (costly: a whole scenario per test): PASS bitwise per rank in every mode,
-and each fault DRIFT in exactly the modes the catalog lists, on every rank.
+--tp 2 --tp-all-reduce registered`: the workspace fault NAMED in full (make test); PASS bitwise per rank in every
+mode, and each fault DRIFT in exactly the modes the catalog lists and NAMED there, the same on every rank
+(costly: a whole scenario per test).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from parity.harness.tp_session import TpLaunch, init_rank
 from parity.models import tp
 from parity.models.tp_registered import SLOT_TOKENS, RegisteredAllReduce
 from tests.robustkit import call
+from tests.test_tp import assert_named
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "tp-registered.yaml"
@@ -73,6 +75,21 @@ def test_a_registered_all_reduce_replays_the_registered_buffer_not_the_captured_
         assert found["large"] == [3.0]
 
 
+def test_the_manifest_keeps_every_view_cut_from_a_workspace_as_the_capture_began():
+    """A graph reads a buffer cut from a workspace at the place it had when the capture began: the manifest holds
+    that view (and every other view of the storage), not what the attribute holds once the capture ended."""
+    from parity.graphs.manifest import build_manifest, object_tensors
+
+    owner = type("Owner", (), {})()
+    owner.heap = torch.zeros(8)
+    owner.a, owner.b = owner.heap[0:4], owner.heap[4:8]
+    held = object_tensors(owner)
+    owner.a = owner.heap[4:8]           # re-cut right after the capture
+    entries = build_manifest({owner.heap.untyped_storage().data_ptr()}, [], None, held)
+    assert {e.name: (e.tensor.storage_offset(), tuple(e.shape)) for e in entries} == {
+        "heap": (0, (8,)), "a": (0, (4,)), "b": (4, (4,))}
+
+
 def _run(tmp: Path, *extra: str, modes: str = "all") -> tuple[int, dict, Path]:
     out = tmp / "run"
     code, _, err = call(["run", "--tp", "2", "--tp-all-reduce", "registered", "--backend", "emulated",
@@ -94,15 +111,31 @@ def test_the_registered_all_reduce_passes_bitwise_per_rank_in_every_mode(tmp_pat
                 assert m["reference"]["bitwise_equal"] and m["graph_replays"] > 0, (rank, mode)
 
 
+@pytest.mark.parametrize("fault", TP_FAULTS)
+def test_each_registered_buffer_fault_is_named_in_full(fault, tmp_path):
+    """The first layer's buffer re-registered after capture: that view, handed back to the reference at its captured
+    place, restores parity. Every buffer re-cut from the heap after the first capture: no one view does, all of
+    them together do: the heap (the workspace) and every view are named. The same on every rank."""
+    code, summary, out = _run(tmp_path, "--inject", fault, modes="full")
+    assert code == 1 and summary["verdict"] == "drift"
+    assert_named(fault, summary, out, ["full"])
+    views = [b for b in summary["diagnosis"]["buffers"] if b.endswith(".out")]
+    if fault == "tp-workspace-reallocated":
+        assert len(views) == 4 and "together" in summary["diagnosis"]["experiment"]
+    else:
+        assert views == ["model.hf.model.layers.0.self_attn.o_proj.out"]
+
+
 @pytest.mark.costly
 @pytest.mark.parametrize("fault", TP_FAULTS)
-def test_each_registered_buffer_fault_drifts_in_its_modes_on_every_rank(fault, tmp_path):
+def test_each_registered_buffer_fault_is_named_in_its_modes_on_every_rank(fault, tmp_path):
     assert FAULTS[fault].args == ("--tp-all-reduce", "registered") and FAULTS[fault].scenario == SCENARIO.stem
-    code, summary, _ = _run(tmp_path, "--inject", fault)
+    code, summary, out = _run(tmp_path, "--inject", fault)
     assert code == 1 and summary["verdict"] == "drift" and summary["faults"] == [fault]
     for rank, entry in summary["tp"]["ranks"].items():
         drifting = {m for m, v in entry["modes"].items() if v == "drift"}
         assert drifting == set(FAULTS[fault].manifests_in) and entry["modes"]["eager"] == "pass", (rank, entry)
+    assert_named(fault, summary, out, FAULTS[fault].manifests_in)
 
 
 @pytest.mark.gpu
@@ -110,10 +143,11 @@ def test_each_registered_buffer_fault_drifts_in_its_modes_on_every_rank(fault, t
 @pytest.mark.parametrize("fault", (None, *TP_FAULTS))
 def test_gpu_registered_all_reduce(fault):
     with tempfile.TemporaryDirectory() as tmp:
-        code, summary, _ = _run(Path(tmp), "--backend", "cuda", *(["--inject", fault] if fault else []),
-                                modes="all" if fault is None else "full")
-    ranks = summary["tp"]["ranks"].values()
-    if fault is None:
-        assert code == 0 and all(e["verdict"] == "pass" for e in ranks)
-    else:
-        assert code == 1 and all(e["modes"]["full"] == "drift" for e in ranks)
+        code, summary, out = _run(Path(tmp), "--backend", "cuda", *(["--inject", fault] if fault else []),
+                                  modes="all" if fault is None else "full")
+        ranks = summary["tp"]["ranks"].values()
+        if fault is None:
+            assert code == 0 and all(e["verdict"] == "pass" for e in ranks)
+        else:
+            assert code == 1 and all(e["modes"]["full"] == "drift" for e in ranks)
+            assert_named(fault, summary, out, ["full"])

@@ -21,6 +21,7 @@ from parity.graphs.factory import install_graphs, install_padded_reference
 from parity.graphs.manager import GraphExecutor
 from parity.graphs.modes import EAGER
 from parity.graphs.policy import CapturePolicy
+from parity.graphs.tp_agree import agree_any, first_found
 
 
 def bisect_mode(make_engine, specs, mode: str, backend: str, scenario, policy: CapturePolicy,
@@ -93,6 +94,10 @@ class Bisector:
         overwritten_by = None
         ref_events, graph_events = RunEvents(ref.events(self.specs)), RunEvents(graph.events(self.specs))
         for ev_r in ref_events:
+            if pre is not None and "graph" not in snaps:
+                # NOTE: the graph run's pre-state is taken once the reference's forward ran, just before its own:
+                # state the two runs share (a workspace of the model both hold) is then what the graph started from.
+                snaps["graph"] = snapshot(graph, pre.meta)
             try:
                 ev_g = next(graph_events)
             except StopIteration:
@@ -103,27 +108,32 @@ class Bisector:
                 self.replays += lab.replays
                 found.replays = self.replays
                 return found
-            if (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase, ev_g.draft_step):
+            # NOTE: under TP every decision below is the ranks' common one (`graphs.tp_agree`): their next
+            # forwards, and the collectives in them, must pair up; at TP=1 each agreement is the value itself.
+            parted = (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase,
+                                                                             ev_g.draft_step)
+            if agree_any("lockstep: schedules part", parted):
                 return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
                     "the two runs' schedules parted without a forward's outputs differing first"])
             if ev_g.kind == "pre":
-                snaps, pre = {"ref": snapshot(ref, ev_r.meta), "graph": snapshot(graph, ev_g.meta)}, ev_g
+                snaps, pre = {"ref": snapshot(ref, ev_r.meta)}, ev_g
                 continue
             if ev_g.kind == "step_end":
                 if target_out is not None:
                     drift = _logits_drift(*target_out)
-                    if drift > self.tol:
+                    if agree_any("lockstep: target logits changed by the step's end", drift > self.tol):
                         logits_g, logits_r, verify_event = target_out
                         return pool.diagnose(self, graph, verify_event, overwritten_by, drift, logits_r)
                 target_out, overwritten_by = None, None
                 continue
             out_r, out_g = outputs(ref, ev_r), outputs(graph, ev_g)
             worst, names = max_diff(out_r, out_g)
-            if worst > self.tol:
+            if agree_any("lockstep: forward differs", worst > self.tol):
                 return self._explain(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names)
             if ev_g.phase == "verify":
                 target_out = (ev_g.logits, out_r["logits"], ev_g)
-            elif target_out is not None and overwritten_by is None and _logits_drift(*target_out) > self.tol:
+            elif target_out is not None and overwritten_by is None and agree_any(
+                    "lockstep: target logits changed", _logits_drift(*target_out) > self.tol):
                 overwritten_by = ev_g
         next(graph_events, None)    # the reference ended: let the graph run finish too
         found = self.after_the_forwards(graph, ref_events.result, graph_events.result)
@@ -135,6 +145,7 @@ class Bisector:
     def after_the_forwards(self, graph, ref_result, graph_result):
         """Every forward matched: do the records? Outputs read after a later replay (OUTPUT_ALIASED)."""
         first = lifetime.records_differ(ref_result, graph_result) if ref_result and graph_result else None
+        first, _ = first_found("lockstep: records differ", first)
         return None if first is None else lifetime.diagnose(self, graph.owners(), ref_result, first)
 
     matched = "graphs and their padded reference"

@@ -24,6 +24,7 @@ from parity.diagnosis.kinds import DESCRIPTOR_MISMATCH, WRONG_GRAPH
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.graphs.modes import PIECEWISE
+from parity.graphs.tp_agree import agree_same
 
 
 def shape_differs(dispatch, entry) -> bool:
@@ -39,7 +40,7 @@ def stage(lab: Divergence) -> Diagnosis | None:
     """DESCRIPTOR_MISMATCH when the dispatcher's own descriptor names a graph of another shape than the batch it
     padded (the graph is the one captured for the key: the replay check passed)."""
     d, entry = lab.dispatch, lab.entry
-    if not shape_differs(d, entry):
+    if not agree_same("descriptor: graph shape differs from the padding", shape_differs(d, entry)):
         return None
     evidence = [f"the batch was padded to {d.num_tokens_padded} tokens x {d.num_reqs_padded} rows, but its "
                 f"descriptor names the graph captured for {entry.num_tokens} tokens x {entry.num_reqs} rows: "

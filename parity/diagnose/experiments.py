@@ -46,9 +46,11 @@ from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_L
 from parity.audit.one_variable import search
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
+from parity.diagnose import ranks
 from parity.diagnose.readset import reference_reads
 from parity.diagnose.state import registry_of
 from parity.graphs.manifest import live_object_tensor
+from parity.graphs.tp_agree import world
 
 # The most specific first: a repair that names where the live values went beats one that only refreshes.
 SPECIFICITY = (BUFFER_REASSIGNED, CAPTURE_CONTEXT, STALE_BUFFER, PADDING_LEAK)
@@ -78,12 +80,45 @@ def stage(lab: Divergence) -> Diagnosis | None:
     """The repair that restores bitwise parity, named; None (its repairs ruled out) when none does."""
     reads = reference_reads(lab)
     repairs = candidates(lab, set(reads))
-    culprits, others = confirm(lab, repairs)
+    units = agreed_units(repairs)
+    culprits, others = confirm(lab, repairs, units)
+    told = [r for unit in units for r in unit.told]
     if culprits:
-        return explain(lab, culprits, others, repairs)
-    lab.ruled_out += [r.experiment for r in repairs] or [
+        return explain(lab, culprits, others, told)
+    lab.ruled_out += [r.experiment for r in told] or [
         "no tensor the reference reads differs from what the graph read"]
     return None
+
+
+@dataclass
+class Unit:
+    """One variable: the repairs this rank applies together, and how they are told (the same on every rank)."""
+    applied: list
+    told: list
+
+
+def agreed_units(repairs: list[Repair]) -> list[Unit]:
+    """The experiments' variables: each repair alone, but the capture context and the KV cache each as one.
+    Under TP, every rank's (`ranks.candidates`): a variable another rank found is a no-op here."""
+    keyed: dict[str, list[Repair]] = {}
+    together = {"capture context": [r for r in repairs if r.kind == CAPTURE_CONTEXT],
+                "kv_cache": [r for r in repairs if r.name == "kv_cache"]}
+    for r in repairs:
+        if r.kind != CAPTURE_CONTEXT and r.name != "kv_cache":
+            key = f"{r.kind} {r.name} ({r.holder})"
+            n = sum(k.split(" #")[0] == key for k in keyed)   # one role, two holders' tensors: two variables
+            keyed[f"{key} #{n}" if n else key] = [r]
+    keyed.update({key: unit for key, unit in together.items() if unit})
+    if world() == 1:
+        return [Unit(unit, unit) for unit in keyed.values()]
+    found = ranks.candidates("experiments: repairs", keyed, lambda unit: [_account(r) for r in unit])
+    return [Unit(c.local or [], [Repair(**{**a, "note": a["note"] + ranks.where(c, world())}) for a in c.described])
+            for c in found]
+
+
+def _account(r: Repair) -> dict:
+    return {"kind": r.kind, "name": r.name, "holder": r.holder, "experiment": r.experiment, "tensor": None,
+            "region": None, "value": None, "captured": r.captured, "live": r.live, "note": r.note}
 
 
 def candidates(lab: Divergence, read_by_reference: set[str]) -> list[Repair]:
@@ -188,8 +223,8 @@ def _padding_repairs(registry, ev_g, graph_state) -> list[Repair]:
     return found
 
 
-def confirm(lab: Divergence, repairs: list[Repair]) -> tuple[list[Repair], list[Repair]]:
-    """(culprits, others that alone also restore parity); ([], []) when nothing restores it.
+def confirm(lab: Divergence, repairs: list[Repair], units: list[Unit]) -> tuple[list[Repair], list[Repair]]:
+    """(culprits, others that alone also restore parity), as told; ([], []) when nothing restores it.
 
     The capture context is one variable: every read the graph took from the
     capture-time metadata object is redirected together, as one experiment;
@@ -199,10 +234,6 @@ def confirm(lab: Divergence, repairs: list[Repair]) -> tuple[list[Repair], list[
     # NOTE: a repair may write a tensor outside the engine's snapshot (a capture-time
     # placeholder, a replaced KV tensor): its region is saved here and put back before every experiment.
     originals = [(r.tensor, r.region, r.tensor[r.region].clone()) for r in repairs]
-    together = {CAPTURE_CONTEXT: [r for r in repairs if r.kind == CAPTURE_CONTEXT],
-                "kv_cache": [r for r in repairs if r.name == "kv_cache"]}
-    units = [[r] for r in repairs if r.kind != CAPTURE_CONTEXT and r.name != "kv_cache"]
-    units += [unit for unit in together.values() if unit]
 
     def replay_with(chosen) -> bool:
         chosen = [u for u in units if any(u is c for c in chosen)]    # applied in one order, whatever is asked
@@ -210,21 +241,21 @@ def confirm(lab: Divergence, repairs: list[Repair]) -> tuple[list[Repair], list[
         for tensor, region, value in originals:
             tensor[region].copy_(value)
         for unit in chosen:
-            for r in unit:
+            for r in unit.applied:
                 r.tensor[r.region].copy_(r.value)
         lab.replays += 1
         executor.execute(ev_g.dispatch, fn, ev_g.meta)
         for unit in chosen:
-            for r in unit:
+            for r in unit.applied:
                 if r.live_tensor is not None:
                     r.live_tensor[r.region].copy_(r.tensor[r.region])
         return lab.matches()
 
-    found = search(sorted(units, key=lambda u: SPECIFICITY.index(u[0].kind)), replay_with, minimise=True,
+    found = search(sorted(units, key=lambda u: SPECIFICITY.index(u.told[0].kind)), replay_with, minimise=True,
                    together=True)
     if found.restoring:
-        return found.restoring[0], [r for u in found.restoring[1:] for r in u]
-    return [r for u in found.smallest for r in u], []
+        return found.restoring[0].told, [r for u in found.restoring[1:] for r in u.told]
+    return [r for u in found.smallest for r in u.told], []
 
 
 def explain(lab: Divergence, culprits, others, tried) -> Diagnosis:

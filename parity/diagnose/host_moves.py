@@ -33,6 +33,7 @@ from parity.diagnose.state import host_moves
 from parity.audit.one_variable import search
 from parity.graphs import host_state
 from parity.graphs.host_state import short
+from parity.graphs.tp_agree import agree_same
 
 
 def moved_by(snaps: dict, ref, ev_r, graph, ev_g) -> dict:
@@ -47,9 +48,10 @@ def stage(lab: Divergence) -> Diagnosis | None:
     ran it eagerly."""
     holder, graph_pre = lab.snaps["graph"]["host"][lab.ev_g.owner]
     entry, executor, moves = lab.entry, lab.executor, lab.moves
-    for path, (ref_before, ref_after) in moves["ref"].items():
-        if path not in graph_pre:
-            continue
+    moved = [(path, values) for path, values in moves["ref"].items() if path in graph_pre]
+    # NOTE: host values every rank's Python moves alike; ranks that differ part here (`graphs.tp_agree`).
+    agree_same("host moves: values the forward moved", [host_state.name(path) for path, _ in moved])
+    for path, (ref_before, ref_after) in moved:
         name = host_state.name(path)
         found = (_eager(lab, holder, path, ref_before) if entry is None
                  else _replayed(lab, path, ref_before))
@@ -72,7 +74,7 @@ def _replayed(lab: Divergence, path, value):
     re-capture with the captured value does not; None when the graph was captured with `value`; False when
     the experiment failed."""
     baked = lab.entry.captured_host.get(path, lab.snaps["graph"]["host"][lab.ev_g.owner][1][path])
-    if host_state.same(baked, value):
+    if agree_same("host moves: captured with the reference's value", host_state.same(baked, value)):
         return None
     found = search([path], lambda live: _recaptured(lab, path, value if live else baked))
     if not found.restoring:
@@ -93,7 +95,8 @@ def _eager(lab: Divergence, holder, path, value):
     """(experiment, control) when re-running the eager forward with `path` at `value` restores parity and the
     control re-run from the unchanged pre-state does not; None when the graph run's value is the reference's
     already; False when the experiment failed."""
-    if host_state.same(lab.snaps["graph"]["host"][lab.ev_g.owner][1][path], value):
+    if agree_same("host moves: the reference's value already",
+                  host_state.same(lab.snaps["graph"]["host"][lab.ev_g.owner][1][path], value)):
         return None
     found = search([path], lambda live: _rerun_matches(lab, holder, {path: value} if live else {}))
     if not found.restoring:

@@ -29,6 +29,7 @@ from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, re
 from parity.graphs.capture import capture
 from parity.graphs.manifest import object_tensors, role_name
 from parity.graphs.modes import PIECEWISE
+from parity.graphs.tp_agree import agree_all
 
 
 @dataclass
@@ -107,10 +108,11 @@ class Divergence:
 
     def matches(self, result=None) -> bool:
         """Are the graph run's forward outputs the reference's: `result` as `run` returned it, or (a tuple) what a
-        re-run or another graph returned instead of the forward's own outputs, over the run's state now?"""
+        re-run or another graph returned instead of the forward's own outputs, over the run's state now? Under TP:
+        on every rank (the ranks' next experiment depends on it)."""
         produced = result if isinstance(result, dict) else outputs(self.graph, self.ev_g, result)
         worst, _ = max_diff(self.out_r, produced)
-        return worst <= self.tol
+        return agree_all("experiment: parity restored", worst <= self.tol)
 
     def name(self, tensor) -> str | None:
         """The role naming the tensor's storage in the graph run (`storage_roles`): a registry buffer's name, a

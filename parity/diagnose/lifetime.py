@@ -21,6 +21,7 @@ from __future__ import annotations
 from parity.diagnosis.kinds import NONE, OUTPUT_ALIASED
 from parity.analysis.reference_parity import describe, reference_parity
 from parity.engine.spec_decode import ForwardEvent
+from parity.graphs.tp_agree import agree_all
 
 
 def records_differ(ref_result, graph_result):
@@ -43,7 +44,7 @@ def diagnose(bisector, owners, ref_result, first: dict):
         again = engine.run(bisector.specs)
         del engine
         experiment = f"re-run with the {owner}'s {name} copied out of graph memory after every {phase} replay"
-        if records_differ(ref_result, again) is None:
+        if agree_all("lifetime: the records are the reference's", records_differ(ref_result, again) is None):
             evidence += [f"{experiment}: the records are bit for bit equal to the reference's",
                          f"{name} was read after a later replay had overwritten it: it must be copied (or read) "
                          "before the next replay"]

@@ -34,6 +34,7 @@ from parity.diagnose.lab import Divergence
 from parity.diagnose.state import max_diff
 from parity.engine.buffers import FREE, poison_padding
 from parity.engine.padding_regions import advance_origin
+from parity.graphs.tp_agree import agree_all, agree_any, agree_same, agree_union
 
 
 def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, int]]:
@@ -94,8 +95,8 @@ def padded_kv_writes(lab: Divergence, run: str) -> list[int]:
     layers = len(owner.kv_cache.keys)
     written |= _changed(plain[:1] + plain[layers:layers + 1], poisoned[:1] + poisoned[layers:layers + 1])
     lab.restore(run)
-    if _slot_breaches(owner, event):
-        written |= _changed(plain, rerun(set_pad_slots))
+    if agree_any("padded KV writes: slot entries off PAD", bool(_slot_breaches(owner, event))):
+        written |= _changed(plain, rerun(set_pad_slots))      # a no-op re-run on a rank with none
     lab.restore(run)
     return sorted(written)
 
@@ -126,15 +127,18 @@ def stage(lab: Divergence) -> Diagnosis:
                 f"{dispatch.num_reqs_padded} rows)"]
     lab.restore()
     found = breaches(owner.buffers, ev_p.meta, dispatch)
+    # NOTE: under TP the breaches are of metadata every rank builds alike: ranks that differ part here.
+    agree_same("padding: breaches", [[name, off] for name, _, _, off in found])
     evidence += [f"{name}: {off} padded entr{'y' if off == 1 else 'ies'} not at the inert value "
                  f"{owner.buffers.spec(name).inert_value(dispatch.num_tokens)}" for name, _, _, off in found]
-    stray = padded_kv_writes(lab, "ref")
+    stray = agree_union("padding: padded KV writes", padded_kv_writes(lab, "ref"))
     if stray:
         evidence.append(f"padded tokens write the KV cache of real requests: slots {_slots(stray)}")
 
     def repaired(subset) -> bool:
-        """Both references with the subset's padded entries set inert: do they agree again?"""
-        return _run_repaired(lab, "ref", subset) == _run_repaired(lab, "graph", subset)
+        """Both references with the subset's padded entries set inert: do they agree again (on every rank)?"""
+        same = _run_repaired(lab, "ref", subset) == _run_repaired(lab, "graph", subset)
+        return agree_all("padding: repaired", same)
 
     if found and repaired(found):
         culprits = ddmin(found, repaired)
@@ -190,7 +194,7 @@ def free_inputs_that_matter(lab: Divergence) -> list[str]:
     for name in names:
         lab.restore("ref")
         poison_padding(_Only(owner.buffers, name), lab.ev_r.dispatch, salt=1)
-        if max_diff(lab.out_r, lab.rerun("ref"))[0] != 0:
+        if agree_any("padding: a free input matters", max_diff(lab.out_r, lab.rerun("ref"))[0] != 0):
             matter.append(name)
     lab.restore("ref")
     return matter

@@ -13,6 +13,7 @@ from __future__ import annotations
 from parity.diagnosis.kinds import POOL_ALIAS, UNEXPLAINED
 from parity.audit.state import Snapshot, delta
 from parity.diagnose.state import state_tensors
+from parity.graphs.tp_agree import agree_any
 
 
 def diagnose(bisector, graph, verify_event, overwritten_by, drift: float, logits_r):
@@ -48,4 +49,4 @@ def _overwrites_again(bisector, graph, verify_event, suspect_event, logits_r) ->
     entry.graph.replay(suspect_event.meta)
     changed = float(delta(logits[:t], logits_r).max()) > bisector.tol
     keep.restore()
-    return changed
+    return agree_any("pool: the drafter replay overwrites the logits", changed)

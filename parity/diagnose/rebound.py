@@ -26,8 +26,10 @@ import torch
 
 from parity.diagnosis.kinds import BUFFER_REASSIGNED
 from parity.diagnosis.record import Diagnosis
+from parity.diagnose import ranks
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import max_diff, outputs, registry_of
+from parity.graphs.tp_agree import agree_all, agree_any
 
 
 def piecewise_outputs(lab: Divergence) -> Diagnosis | None:
@@ -36,7 +38,7 @@ def piecewise_outputs(lab: Divergence) -> Diagnosis | None:
     g = lab.entry.graph
     moved = [i for i, call in enumerate(getattr(g, "calls", ()))
              if call.static is not None and call.out is not call.static]
-    if not moved:
+    if not agree_any("piecewise outputs: rebound", bool(moved)):     # every rank replays, if one has any
         return None
     lab.restore()
     lab.replays += 1
@@ -47,6 +49,10 @@ def piecewise_outputs(lab: Divergence) -> Diagnosis | None:
             call.static.copy_(call.attend(lab.ev_g.meta))
     if not lab.matches(g.outputs):
         return None
+    return ranks.shared("piecewise outputs: diagnosis", _delivered(lab, g, moved) if moved else None)
+
+
+def _delivered(lab: Divergence, g, moved: list[int]) -> Diagnosis:
     call = g.calls[moved[0]]
     experiment = ("replay the pieces delivering every attention result into the output tensor the next piece "
                   "captured: replaying restores bitwise parity with the padded reference")
@@ -70,29 +76,42 @@ def split_roles(lab: Divergence) -> list[str]:
 
 def pointed_back(lab: Divergence) -> Diagnosis | None:
     """BUFFER_REASSIGNED of the first role whose metadata tensor, pointed back at the persistent buffer in a
-    re-run of the reference, makes it produce the graph's outputs bit for bit; None (ruled out) otherwise."""
+    re-run of the reference, makes it produce the graph's outputs bit for bit; None (ruled out) otherwise.
+    Under TP every rank's roles are tried, a plain re-run on a rank without the role (`ranks.candidates`)."""
     ev_r = lab.ev_r
     registry, fn, d = registry_of(lab.ref, ev_r.owner), lab.forward("ref"), ev_r.dispatch
-    names = split_roles(lab)
-    for name in names:
-        field = getattr(ev_r.meta, name)
-        buffer = registry[name]
-        if buffer.dim() != field.dim() or buffer.shape[0] < field.shape[0] or buffer.shape[1:] != field.shape[1:]:
+    found = ranks.candidates("pointed back: roles", {name: name for name in split_roles(lab)}, lambda name: None)
+    for candidate in found:
+        name, meta = candidate.key, _pointed_back(ev_r.meta, registry, candidate.local)
+        if not agree_any("pointed back: the buffer fits", meta is not None):
             continue
-        meta = dataclasses.replace(ev_r.meta, **{name: buffer[: field.shape[0]]})
         lab.restore("ref")
         lab.replays += 1
-        out = outputs(lab.ref, ev_r, fn(d.num_tokens_padded, d.num_reqs_padded, meta))
+        out = outputs(lab.ref, ev_r, fn(d.num_tokens_padded, d.num_reqs_padded, meta or ev_r.meta))
         lab.restore("ref")
-        if max_diff(out, lab.out_g)[0] == 0:
-            captured = next(e.address for e in lab.entry.manifest if e.name == name and e.holder == "registry")
-            live = getattr(lab.ev_g.meta, name).data_ptr()
-            experiment = (f"re-run the reference with the metadata's {name} pointed back at the persistent buffer "
-                          "the graph captured: it produces the graph's outputs bit for bit")
-            evidence = [f"buffer_reassigned: {name} (metadata object), captured {captured:#x}, live {live:#x}: "
-                        "the metadata object rebound it to a fresh tensor; the persistent buffer the graph reads "
-                        "kept its old values", experiment]
-            return lab.diagnosis(BUFFER_REASSIGNED, [name], captured=captured, live=live, evidence=evidence,
-                                 experiment=experiment, ruled_out=list(lab.ruled_out))
-    lab.ruled_out += [f"point the reference's metadata {name} back at the persistent buffer" for name in names]
+        if agree_all("pointed back: the reference produces the graph's outputs", max_diff(out, lab.out_g)[0] == 0):
+            return ranks.shared("pointed back: diagnosis", _rebound(lab, name) if meta is not None else None)
+    lab.ruled_out += [f"point the reference's metadata {c.key} back at the persistent buffer" for c in found]
     return None
+
+
+def _pointed_back(meta, registry, name: str | None):
+    """The reference's metadata with `name` pointed back at its persistent buffer; None when it cannot be."""
+    if name is None:
+        return None
+    field, buffer = getattr(meta, name), registry[name]
+    if buffer.dim() != field.dim() or buffer.shape[0] < field.shape[0] or buffer.shape[1:] != field.shape[1:]:
+        return None
+    return dataclasses.replace(meta, **{name: buffer[: field.shape[0]]})
+
+
+def _rebound(lab: Divergence, name: str) -> Diagnosis:
+    captured = next(e.address for e in lab.entry.manifest if e.name == name and e.holder == "registry")
+    live = getattr(lab.ev_g.meta, name).data_ptr()
+    experiment = (f"re-run the reference with the metadata's {name} pointed back at the persistent buffer "
+                  "the graph captured: it produces the graph's outputs bit for bit")
+    evidence = [f"buffer_reassigned: {name} (metadata object), captured {captured:#x}, live {live:#x}: "
+                "the metadata object rebound it to a fresh tensor; the persistent buffer the graph reads "
+                "kept its old values", experiment]
+    return lab.diagnosis(BUFFER_REASSIGNED, [name], captured=captured, live=live, evidence=evidence,
+                         experiment=experiment, ruled_out=list(lab.ruled_out))

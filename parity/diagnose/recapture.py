@@ -34,6 +34,7 @@ from parity.diagnose.readset import graph_writes, reference_writes
 from parity.graphs.manager import python_fields
 from parity.graphs import host_state
 from parity.graphs.host_state import short
+from parity.graphs.tp_agree import agree_same, agree_union, merged_lines
 
 
 def recaptured(lab: Divergence, fields: dict, contents=(), host: dict | None = None) -> bool:
@@ -44,8 +45,9 @@ def recaptured(lab: Divergence, fields: dict, contents=(), host: dict | None = N
     holder = lab.snaps["graph"]["host"][lab.ev_g.owner][0]
 
     def prepare():
-        for key in contents:
-            registries[key].copy_(lab.entry.captured_contents[key])
+        for key in contents:      # under TP a buffer another rank named is put back where this rank has it
+            if key in registries and key in lab.entry.captured_contents:
+                registries[key].copy_(lab.entry.captured_contents[key])
         for path, value in (host or {}).items():
             if not host_state.put(holder, path, value):
                 raise ValueError(f"{host_state.name(path)} cannot be set")
@@ -57,8 +59,8 @@ def absent_inputs(lab: Divergence) -> Diagnosis | None:
     present restores parity: the graph lacks the work that reads it (named: the writes it skips, and the
     input). None (ruled out) otherwise."""
     live = lab.ev_g.meta
-    absent = sorted(k for k, v in lab.entry.captured_with.items()
-                    if v is None and isinstance(getattr(live, k, None), torch.Tensor))
+    absent = agree_same("absent inputs", sorted(k for k, v in lab.entry.captured_with.items()
+                                                if v is None and isinstance(getattr(live, k, None), torch.Tensor)))
     if not absent:
         return None
     # the control: a re-capture as captured must still differ
@@ -88,7 +90,8 @@ def stage(lab: Divergence) -> Diagnosis:
     live_meta, entry, executor = lab.ev_g.meta, lab.entry, lab.executor
     live_fields = python_fields(live_meta)
     captured = entry.captured_with
-    differing = sorted(k for k in live_fields if captured.get(k) != live_fields[k])
+    differing = agree_same("recapture: host fields",
+                           sorted(k for k in live_fields if captured.get(k) != live_fields[k]))
     registries = {(r.owner, name): t for r in executor.registries for name, t in r.items()}
 
     def recaptured_matches(live: dict, contents=()) -> bool:
@@ -105,6 +108,7 @@ def stage(lab: Divergence) -> Diagnosis:
         lab.restore()
         moved = sorted(k for k, t in entry.captured_contents.items() if k in registries
                        and registries[k].shape == t.shape and not torch.equal(registries[k].cpu(), t))
+        moved = [tuple(k) for k in agree_union("recapture: buffers moved since capture", moved)]
         if moved and not recaptured_matches({}, moved):
             baked = [k for k in moved if not recaptured_matches({}, [k])]
             if baked:
@@ -119,7 +123,8 @@ def stage(lab: Divergence) -> Diagnosis:
     else:
         ruled.append("a fresh capture from the live state does not restore parity, and no host value differs "
                      "from the capture's")
-    evidence = ["no one-variable experiment restores bitwise parity", *probe_layers(lab)]
+    evidence = ["no one-variable experiment restores bitwise parity",
+                *merged_lines("recapture: layer probes", probe_layers(lab))]
     return lab.diagnosis(UNEXPLAINED, [], evidence=evidence)
 
 

@@ -32,6 +32,7 @@ from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.padding import padded_kv_writes
 from parity.diagnose.state import max_diff
+from parity.graphs.tp_agree import agree_union, merged_lines
 
 RERUNS = 2
 
@@ -58,13 +59,15 @@ def unstable(lab: Divergence, run: str) -> tuple[float, set[int]]:
 def stage(lab: Divergence) -> Diagnosis | None:
     """PADDING_LEAK when the reference's padded tokens write real KV slots at the divergent forward; else None
     when both runs reproduce it; else UNEXPLAINED, saying that they do not."""
-    stray = set(padded_kv_writes(lab, "ref"))
+    # Under TP: the slots of every rank, and every rank's account (`graphs.tp_agree`); the same at TP=1.
+    stray = set(agree_union("reproducible: padded KV writes", padded_kv_writes(lab, "ref")))
     runs = {"reference": unstable(lab, "ref"), "graph run": unstable(lab, "graph")}
     raced = set().union(*(rows for _, rows in runs.values()))
     evidence = [f"the {run}'s forward does not reproduce its own outputs from its pre-state ({RERUNS} re-runs, "
                 f"max |Δ| {delta:.3g}): it is not deterministic" for run, (delta, _) in runs.items() if delta]
     if raced:
         evidence.append(f"first-layer KV rows that differ between re-runs: slots {_slots(raced)}")
+    evidence = merged_lines("reproducible: re-runs", evidence)
     if stray:
         evidence.append(f"the padded reference's padded tokens write the KV cache of real requests: slots "
                         f"{_slots(stray)}")

@@ -13,6 +13,7 @@ from parity.audit.state import Snapshot, delta
 from parity.engine.buffers import BufferSpec
 from parity.graphs import host_state
 from parity.graphs.manifest import live_object_tensor
+from parity.graphs.tp_agree import peer_memory
 
 METADATA_FIELDS = ("query_start_loc", "seq_lens", "slot_mapping", "block_table", "positions", "window_start")
 
@@ -47,7 +48,9 @@ def state_tensors(engine) -> list[torch.Tensor]:
                                  if t is not None and not isinstance(t, torch.nn.Parameter)]
                 elif item.tensor is not None:
                     captured.append(item.tensor)
-    return tensors + captured     # a `Snapshot` saves each storage once, whichever view reaches it
+    foreign = peer_memory()       # under TP: another rank's memory is that rank's state, not this one's
+    # A `Snapshot` saves each storage once, whichever view reaches it.
+    return [t for t in tensors + captured if t.untyped_storage().data_ptr() not in foreign]
 
 
 def snapshot(engine, meta) -> dict:

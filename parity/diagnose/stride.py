@@ -29,10 +29,13 @@ import torch
 
 from parity.diagnosis.kinds import BUFFER_REASSIGNED
 from parity.diagnosis.record import Diagnosis
+from parity.audit.delta_debug import ddmin
+from parity.diagnose import ranks
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import max_diff, outputs
 from parity.graphs.manifest import OBJECT_ROOT, live_object_tensor
 from parity.graphs.roles import assign
+from parity.graphs.tp_agree import agree_all, agree_any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,38 +128,72 @@ def _held(lab: Divergence, drift: Drift):
 
 def stage(lab: Divergence) -> Diagnosis | None:
     """BUFFER_REASSIGNED of the first drifted role (every tensor under it at once: the KV cache's layers) whose
-    captured layout, handed to the reference, makes it produce the graph's outputs bit for bit; None (ruled out)
-    otherwise."""
-    groups: dict[tuple, list[Drift]] = {}
+    captured layout, handed to the reference, makes it produce the graph's outputs bit for bit; when no role
+    does alone but all together do (views cut from one workspace, re-cut after capture), of the smallest set
+    that does (delta debugging); None (ruled out) otherwise. Under TP every rank's drifted roles are tried, a
+    plain re-run on a rank where a role did not drift (`ranks.candidates`)."""
+    groups: dict[str, list[Drift]] = {}
     for drift in drifts(lab):
-        groups.setdefault((drift.name, drift.holder), []).append(drift)
-    d, fn = lab.ev_r.dispatch, lab.forward("ref")
-    for group in groups.values():
-        with handed_at_captured_layout(lab, group) as meta:
-            if meta is None:
-                continue
-            lab.restore("ref")
-            lab.replays += 1
-            returned = fn(d.num_tokens_padded, d.num_reqs_padded, meta)
-        out = outputs(lab.ref, lab.ev_r, returned)     # the KV cache compared through its live tensors, as the graph's
-        lab.restore("ref")
-        if max_diff(out, lab.out_g)[0] == 0:
-            return _named(lab, group)
-    lab.ruled_out += [f"hand the reference {name} ({holder}) at the layout the graph captured" for name, holder in groups]
+        groups.setdefault(f"{drift.name} ({drift.holder})", []).append(drift)
+    found = ranks.candidates("stride: drifted roles", groups, lambda group: None)
+    for candidate in found:
+        if _reference_matches(lab, [candidate]):
+            return ranks.shared("stride: diagnosis", _named(lab, [candidate.local]) if candidate.local else None)
+    if len(found) > 1 and _reference_matches(lab, found):
+        smallest = ddmin(found, lambda chosen: bool(_reference_matches(lab, chosen)))
+        held = [c.local for c in smallest if c.local]
+        return ranks.shared("stride: diagnosis", _named(lab, held) if len(held) == len(smallest) else None)
+    lab.ruled_out += [f"hand the reference {c.key} at the layout the graph captured" for c in found]
+    if len(found) > 1:
+        lab.ruled_out.append("hand the reference every drifted role at once at the layouts the graph captured")
     return None
 
 
-def _named(lab: Divergence, group: list[Drift]) -> Diagnosis:
-    drift = group[0]
-    (c_off, c_size, c_stride), (l_off, l_size, l_stride) = layout(drift.captured), layout(drift.live)
-    experiment = (f"re-run the reference with {drift.name} handed at the layout the graph captured (offset "
-                  f"{c_off}, size {list(c_size)}, stride {list(c_stride)}): it produces the graph's outputs bit for bit")
-    many = f" ({len(group)} tensors; the first)" if len(group) > 1 else ""
-    evidence = [f"stride drift: {drift.name} ({drift.holder}){many}, the same storage at {drift.live.data_ptr():#x} read "
-                f"at another layout than captured: captured stride {list(c_stride)} (offset {c_off}, size "
-                f"{list(c_size)}), live stride {list(l_stride)} (offset {l_off}, size {list(l_size)}); the holder "
-                "rebound the role to a new view, eager code writes and reads through it, the graph reads the "
-                "captured one", experiment]
-    return lab.diagnosis(BUFFER_REASSIGNED, [drift.name], captured=drift.captured.data_ptr(),
-                         live=drift.live.data_ptr(), evidence=evidence, experiment=experiment,
-                         ruled_out=list(lab.ruled_out))
+def _reference_matches(lab: Divergence, chosen) -> bool | None:
+    """Re-run the reference with every role of `chosen` handed at its captured layout: does it produce the graph's
+    outputs bit for bit (on every rank)? None, and no re-run, when no rank can hand them (a layout that does not
+    fit the reference's storage); a rank that has none of them re-runs it unchanged."""
+    d, fn = lab.ev_r.dispatch, lab.forward("ref")
+    group = [drift for c in chosen for drift in (c.local or [])]
+    with handed_at_captured_layout(lab, group) as meta:
+        if not agree_any("stride: a layout fits", meta is not None and bool(group)):
+            return None
+        # Memory both runs reach (a workspace of the model they share) as the graph's forward found it, then the
+        # reference's own pre-state: the re-run reads through the captured views what the replay read.
+        lab.restore("graph")
+        lab.restore("ref")
+        lab.replays += 1
+        returned = fn(d.num_tokens_padded, d.num_reqs_padded, meta if group and meta is not None else lab.ev_r.meta)
+    out = outputs(lab.ref, lab.ev_r, returned)     # the KV cache compared through its live tensors, as the graph's
+    lab.restore("ref")
+    return agree_all("stride: the reference produces the graph's outputs", max_diff(out, lab.out_g)[0] == 0)
+
+
+def _named(lab: Divergence, groups: list[list[Drift]]) -> Diagnosis:
+    """The roles handed at their captured layouts together; when several views of one storage moved, that
+    storage (the workspace they are cut from) is named first."""
+    evidence, handed = [], []
+    for group in groups:
+        drift = group[0]
+        (c_off, c_size, c_stride), (l_off, l_size, l_stride) = layout(drift.captured), layout(drift.live)
+        handed.append(f"{drift.name} handed at the layout the graph captured (offset {c_off}, size {list(c_size)}, "
+                      f"stride {list(c_stride)})")
+        many = f" ({len(group)} tensors; the first)" if len(group) > 1 else ""
+        moved = "" if c_stride != l_stride or c_size != l_size else " (the view moved within its storage)"
+        evidence.append(f"stride drift{moved}: {drift.name} ({drift.holder}){many}, the same storage at "
+                        f"{drift.live.untyped_storage().data_ptr():#x} read at another layout than captured: "
+                        f"captured stride {list(c_stride)} (offset {c_off}, size {list(c_size)}), live stride "
+                        f"{list(l_stride)} (offset {l_off}, size {list(l_size)}); the holder rebound the role to a "
+                        "new view, eager code writes and reads through it, the graph reads the captured one")
+    names = [group[0].name for group in groups]
+    storages = {group[0].live.untyped_storage().data_ptr() for group in groups}
+    workspace = lab.name(groups[0][0].live) if len(groups) > 1 and len(storages) == 1 else None
+    if workspace is not None and workspace not in names:
+        evidence.append(f"every one of them is a view of {workspace}: the views were cut anew from it after "
+                        "capture (a workspace reallocated); the graph reads the places it captured")
+        names = [workspace, *names]
+    together = " together (no one alone restores parity)" if len(groups) > 1 else ""
+    experiment = f"re-run the reference with {'; '.join(handed)}{together}: it produces the graph's outputs bit for bit"
+    first = groups[0][0]
+    return lab.diagnosis(BUFFER_REASSIGNED, names, captured=first.captured.data_ptr(), live=first.live.data_ptr(),
+                         evidence=evidence + [experiment], experiment=experiment, ruled_out=list(lab.ruled_out))

@@ -165,13 +165,15 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "tp-short", GRAPH_MODES,
           "one rank blocks on the host before its third graphed forward: its peers wait for it; the descriptor "
           "exchange times out and names it (stalled), and the launcher ends it", tp=2),
-    Fault("tp-all-reduce-buffer-rebound", BUFFER_REASSIGNED, ("out",), "RowParallelLinear.out (re-register path)",
+    Fault("tp-all-reduce-buffer-rebound", BUFFER_REASSIGNED, ("model.hf.model.layers.0.self_attn.o_proj.out",),
+          "RowParallelLinear.out (re-register path)",
           "issue 33", "tp-registered", GRAPH_MODES,
           "after capture a re-register path gives the first row-parallel layer's registered all-reduce buffer a "
           "fresh slot and rebinds `out` to it: graphs stage the partial product into the buffer they captured while "
           "every rank reads the one now registered (run with --tp 2 --tp-all-reduce registered)", tp=2,
           args=("--tp-all-reduce", "registered")),
-    Fault("tp-workspace-reallocated", BUFFER_REASSIGNED, ("out",), "GraphExecutor._capture (registered all-reduce)",
+    Fault("tp-workspace-reallocated", BUFFER_REASSIGNED, ("model.tp_registered.heap",),
+          "GraphExecutor._capture (registered all-reduce)",
           "issue 33", "tp-registered", GRAPH_MODES,
           "the registered all-reduce's workspace is reallocated after the first graph size is captured: every "
           "row-parallel buffer moves, the graph captured first replays against the old workspace (run with --tp 2 "

@@ -24,7 +24,7 @@ from parity.graphs.capture_errors import CaptureError, engine_source
 from parity.graphs.descriptor import BatchDescriptor, CapturedFor, Dispatch, WrongGraph
 from parity.graphs.dispatcher import Dispatcher
 from parity.graphs.host_state import host_values, moved
-from parity.graphs.manifest import build_manifest
+from parity.graphs.manifest import build_manifest, object_tensors
 from parity.graphs.modes import EAGER, PIECEWISE
 
 
@@ -115,10 +115,11 @@ class GraphExecutor:
                     contents = {(r.owner, name): t.to("cpu", copy=True) for r in self.registries
                                 for name, t in r.items() if not t.is_floating_point()}
                     host = host_values(holder)
+                    held = object_tensors(holder)     # the views the capture reads, whatever moves after it
                     graph = self._capture(captured_for, num_reqs, body)
             finally:
                 restore()
-            manifest = build_manifest(graph.read_storages, self.registries, meta, holder)
+            manifest = build_manifest(graph.read_storages, self.registries, meta, held)
             self.graphs[key] = GraphEntry(graph, manifest, num_tokens, num_reqs, python_fields(meta), captured_for,
                                           meta, contents, host, moved(host, holder))
             count += 1

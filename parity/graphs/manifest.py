@@ -54,9 +54,10 @@ class AuditFinding:
         return asdict(self)
 
 
-def build_manifest(read_storages: set[int], registries, meta=None, holder=None) -> tuple[ManifestEntry, ...]:
+def build_manifest(read_storages: set[int], registries, meta=None, held=()) -> tuple[ManifestEntry, ...]:
     """Entries for every registered buffer, every tensor of `meta` no registry owns, the KV cache, and every
-    tensor reachable from the owner object `holder`, that the graph touched."""
+    tensor the owner object held through its attributes as the capture began (`held`: `object_tensors`), that
+    the graph touched."""
     entries, owned = [], set()
     for registry in registries:
         for name, tensor in registry.items():
@@ -73,12 +74,24 @@ def build_manifest(read_storages: set[int], registries, meta=None, holder=None) 
         if tensor.untyped_storage().data_ptr() in read_storages:
             entries.append(_entry(owner, "kv_cache", tensor, "kv cache", i))
     named = owned | {e.tensor.untyped_storage().data_ptr() for e in entries}
-    for path, tensor in object_tensors(holder):
+    views: dict[int, set] = {}      # storage -> the layouts of it an "object" entry holds
+    for path, tensor in held:
         storage = tensor.untyped_storage().data_ptr()
-        if storage in read_storages and storage not in named:
-            named.add(storage)
-            entries.append(dataclasses.replace(_entry(owner, role_name(path), tensor, "object"), path=path))
+        if storage not in read_storages or (storage in named and storage not in views):
+            continue
+        # NOTE: every other view of a storage too (a buffer cut from a workspace): a later rebinding of one
+        # view to another part of the same storage is seen only so. Weights are not views that move.
+        if storage in views and (isinstance(tensor, torch.nn.Parameter) or _layout(tensor) in views[storage]):
+            continue
+        named.add(storage)
+        if not isinstance(tensor, torch.nn.Parameter):
+            views.setdefault(storage, set()).add(_layout(tensor))
+        entries.append(dataclasses.replace(_entry(owner, role_name(path), tensor, "object"), path=path))
     return tuple(entries)
+
+
+def _layout(tensor) -> tuple:
+    return tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype
 
 
 def object_tensors(holder) -> list:

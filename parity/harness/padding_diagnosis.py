@@ -13,6 +13,7 @@ from __future__ import annotations
 from parity.analysis.compare import describe_leak
 from parity.diagnosis.kinds import NONE, PADDING_LEAK, PADDING_NUMERICS, UNEXPLAINED
 from parity.diagnosis.record import Diagnosis
+from parity.graphs.tp_agree import agree_same
 from parity.harness.modes import run_reference
 
 TWO_POISONS = "a FREE padded entry, a buffer tail or an unowned KV slot read by a live row (two poisons)"
@@ -30,8 +31,12 @@ def padding_diagnosis(pair, scenario, mode: str, device, request, cmp) -> dict |
       from eager beyond the fixed bound: `inert_read_diagnosis`.
     """
     leak = (cmp.padding_contract or {}).get("first")
-    if not leak or not leak["buffers"]:
-        return inert_read_diagnosis(pair, scenario, mode, device, request, cmp) if shared_departure(cmp) else None
+    named = bool(leak and leak["buffers"])
+    # NOTE: under TP the re-run holds collectives: ranks that would not all run it part here (RANK_DIVERGENCE).
+    if agree_same("padding diagnosis: re-run moving inert entries", not named and shared_departure(cmp)):
+        return inert_read_diagnosis(pair, scenario, mode, device, request, cmp)
+    if not named:
+        return None
     shared = cmp.reference is None or cmp.reference.bitwise_equal
     # A tail or unowned KV slot only the reference poisons explains a graph-vs-reference difference too; and a
     # forward padded tokens make irreproducible leaves a lockstep bisection nothing stable to localise.

@@ -21,6 +21,7 @@ from parity.engine.spec_decode import SpecDecodeEngine
 from parity.errors import ParityInputError
 from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
+from parity.graphs.tp_agree import agree_all, agree_union, first_found
 from parity.harness.concurrency import decide, session_jobs
 from parity.harness.concurrent import RunPool
 from parity.harness.modes import (RunSet, capture_policy, reference_names, request_specs, run_modes,
@@ -75,19 +76,8 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
                 unpadded = check_unpadded(pair, scenario, backend, device, request.parts, runs)
         diagnoses = {}
         if request.bisect:
-            drifting = [m for m, c in comparisons.items() if c.verdict == "drift"]
-            for mode in drifting:
-                padding = comparisons[mode].padding or {}
-                with watch("bisect_seconds"):
-                    found = (staging_diagnosis(pair, scenario, mode, backend, device, request, runs)
-                             or padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode]))
-                if found is not None:
-                    diagnoses[mode] = found
-                    continue
-                with watch("bisect_seconds"):
-                    diagnoses[mode] = unless_unexplained(
-                        diagnose(pair, scenario, mode, backend, device, request,
-                                 padding.get("graph_equals_clean_reference", False)).as_dict(), comparisons[mode])
+            with watch("bisect_seconds"):
+                diagnoses = diagnose_drifting(pair, scenario, backend, device, request, runs, comparisons)
     # NOTE: a diagnosis' seconds go with the other measured figures, not into the diagnosis itself.
     bisect_seconds = {mode: (d.pop("timing", None) or {}).get("bisect_seconds") for mode, d in diagnoses.items()}
     first = next(iter(diagnoses.values()), None)
@@ -101,6 +91,30 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
     summary["measured"] = measured_block(watch, runs, plan, bisect_seconds)
     summary["measured"]["concurrency"] = concurrent
     return RunOutcome(summary, runs, scenario)
+
+
+def diagnose_drifting(pair, scenario: Scenario, backend: str, device, request: RunRequest, runs: RunSet,
+                      comparisons: dict) -> dict:
+    """mode -> diagnosis of every drifting mode: the staging and padding checks first, else the bisection.
+
+    Under TP every rank diagnoses the modes that drift on any rank, and takes the first rank's answer of the
+    checks (`graphs.tp_agree`: their re-runs hold collectives, so every rank runs the same ones); the
+    bisection agrees each of its decisions itself.
+    """
+    diagnoses = {}
+    for mode in agree_union("session: drifting modes", [m for m, c in comparisons.items() if c.verdict == "drift"]):
+        padding = comparisons[mode].padding or {}
+        found = (staging_diagnosis(pair, scenario, mode, backend, device, request, runs)
+                 or padding_diagnosis(pair, scenario, mode, device, request, comparisons[mode]))
+        found, _ = first_found(f"session: the checks' diagnosis of {mode}", found)
+        if found is not None:
+            diagnoses[mode] = found
+            continue
+        diagnoses[mode] = unless_unexplained(
+            diagnose(pair, scenario, mode, backend, device, request,
+                     agree_all("session: graph equals the clean reference",
+                               padding.get("graph_equals_clean_reference", False))).as_dict(), comparisons[mode])
+    return diagnoses
 
 
 def measured_block(watch: Stopwatch, runs: RunSet, plan, bisect_seconds: dict) -> dict:
@@ -123,12 +137,17 @@ def check_padding(pair, scenario: Scenario, device, request: RunRequest, runs: R
     reference) from a graph bug.
     """
     clean = {}
+    # Under TP the clean references of the modes that drift on any rank: their forwards hold collectives.
+    drifting = agree_union("padding check: drifting modes", [m for m, c in comparisons.items()
+                                                            if c.verdict == "drift" and c.reference is not None])
     for mode, cmp in comparisons.items():
-        if cmp.verdict != "drift" or cmp.reference is None:
+        if mode not in drifting:
             continue
         name = cmp.reference.reference
         if name not in clean:
             clean[name] = run_reference(pair, scenario, mode, name, device, request.parts, poison=False).result
+        if cmp.verdict != "drift":
+            continue
         inert = reference_parity(clean[name], runs.references[name].result, name).bitwise_equal
         matches_clean = reference_parity(runs.runs[mode].result, clean[name], name).bitwise_equal
         cmp.padding = {"inert": inert, "graph_equals_clean_reference": matches_clean}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from parity.diagnose import staging
+from parity.graphs.tp_agree import agree_same
 from parity.harness.modes import RunSet, capture_policy, run_mode
 from parity.harness.scenario import Scenario
 
@@ -19,8 +20,10 @@ def staging_diagnosis(pair, scenario: Scenario, mode: str, backend: str, device,
     """STAGING_RACE for an overlapped `mode` (a dict, with its seconds), or None: not overlapped, not a race."""
     run = runs.runs.get(mode)
     reference = runs.references.get(runs.reference_of.get(mode, ""))
-    if not scenario.overlap or run is None or run.result is None or not run.staged or reference is None \
-            or reference.result is None:
+    applies = not (not scenario.overlap or run is None or run.result is None or not run.staged
+                   or reference is None or reference.result is None)
+    # NOTE: under TP its re-runs hold collectives: ranks that would not all run them part here.
+    if not agree_same("staging check applies", applies):
         return None
     policy = capture_policy(scenario, request.policy)
 

@@ -60,13 +60,14 @@ def init_rank(rank: int, launch: TpLaunch) -> tp.TpContext:
 
 
 def rank_request(request: RunRequest) -> RunRequest:
-    """The request every rank runs: its graph runners agree each forward with the peers; no bisection (its
-    experiments differ per rank, so their collectives would not pair up); its runs one after another."""
+    """The request every rank runs: its graph runners agree each forward with the peers, its bisection each
+    decision (`graphs.tp_agree`: the ranks run the same experiments in the same order, so their collectives
+    pair up); its runs one after another."""
     policy = request.policy
     guarded = type(f"RankGuarded{policy.executor.__name__}", (RankGuard, policy.executor), {})
     # One run at a time (jobs=1): a rank's runs all take part in its collectives, which worker processes outside
     # the process group could not.
-    return dataclasses.replace(request, policy=dataclasses.replace(policy, executor=guarded), bisect=False, jobs=1)
+    return dataclasses.replace(request, policy=dataclasses.replace(policy, executor=guarded), jobs=1)
 
 
 def run_rank(rank: int, launch: TpLaunch, request: RunRequest) -> tuple[dict, RunOutcome | None]:

@@ -46,6 +46,7 @@ class TpContext:
     store: object = None          # the key-value store the ranks exchange their descriptors through
     forwards: int = 0             # descriptor exchanges so far in this process (every rank counts alike)
     run_forwards: int = 0         # forwards so far in the engine run in progress
+    agreements: int = 0           # decisions agreed so far in this process (`graphs.tp_agree`)
     all_reduce: str = "collective"  # or "registered": the custom all-reduce of `models.tp_registered`
 
 
@@ -63,6 +64,11 @@ def deactivate() -> None:
     _CURRENT.clear()
     _GROUPS.clear()
     COMMS.clear()
+
+
+def peer_storages() -> set[int]:
+    """The storages of memory other ranks own that this rank maps (their registered all-reduce heaps)."""
+    return {t.untyped_storage().data_ptr() for comm in COMMS.values() for t in comm.foreign}
 
 
 def current() -> TpContext | None:

@@ -46,6 +46,9 @@ class RegisteredAllReduce:
         self.group, self.width, self.slot = group, width, SLOT_TOKENS * width
         slots = 2 * keys + SPARE_SLOTS
         self.heap, self.peers, self._barrier = _map_heaps(slots * self.slot, dtype, device, ctx)
+        own = self.heap.untyped_storage().data_ptr()
+        # The peers' heaps: their memory, which only they write (a bisection restores its own state only).
+        self.foreign = [p for p in self.peers if p.untyped_storage().data_ptr() != own]
         self.table = torch.zeros(keys, dtype=torch.long, device=device)     # key -> offset of its buffer
         self.arange = torch.arange(self.slot, device=device)
         self._free = collections.deque(range(slots))
