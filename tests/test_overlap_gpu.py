@@ -19,6 +19,9 @@ from parity.faults.seam import MUTATIONS
 
 pytestmark = pytest.mark.gpu
 SPIN = 2_000_000     # cycles: about a millisecond, far longer than a tiny forward
+# A readback races the *next* verify, which the host enqueues only after the step's drafts (milliseconds of
+# Python): the readback must outlast that for its race to show with every other copy prompt.
+READBACK_SPIN = 40_000_000
 
 
 class SlowCopies:
@@ -31,7 +34,7 @@ class SlowCopies:
 
     def readback(self, key, source, phase):
         with torch.cuda.stream(self.readback_stream):
-            torch.cuda._sleep(SPIN)
+            torch.cuda._sleep(READBACK_SPIN)
         return super().readback(key, source, phase)
 
 
@@ -63,5 +66,6 @@ def test_each_overlap_fault_is_named_on_cuda(cuda_pair, name):
     stager = type("Slow", (MUTATIONS[name].mixin, SlowCopies, Stager), {})
     found = diagnose(cuda_pair, reference, stager, device="cuda")
     assert found is not None and found.kind == STAGING_RACE
+    print(f"{name}: {found.kind}({', '.join(found.buffers)})")
     allowed = [list(FAULTS[name].buffers)] + ([[]] if name in MAY_NAME_NONE else [])
     assert found.buffers in allowed, found.evidence
