@@ -75,13 +75,12 @@ def short_buffer_diagnosis(mode: str, shortfalls) -> Diagnosis:
 class Bisector:
     """Drives an eager and a graph engine in lockstep and diagnoses the first divergence."""
 
-    def __init__(self, make_engine, install_reference, install_graph, specs, mode: str, tolerance: float = 0.0):
+    def __init__(self, make_engine, install_reference, install_graph, specs, mode: str):
         self.make_engine = make_engine
         self.install_reference = install_reference
         self.install_graph = install_graph
         self.specs = specs
         self.mode = mode
-        self.tol = tolerance
         self.replays = 0     # forwards re-run to test a hypothesis
 
     @torch.no_grad()
@@ -121,19 +120,19 @@ class Bisector:
             if ev_g.kind == "step_end":
                 if target_out is not None:
                     drift = _logits_drift(*target_out)
-                    if agree_any("lockstep: target logits changed by the step's end", drift > self.tol):
+                    if agree_any("lockstep: target logits changed by the step's end", drift > 0):
                         logits_g, logits_r, verify_event = target_out
                         return pool.diagnose(self, graph, verify_event, overwritten_by, drift, logits_r)
                 target_out, overwritten_by = None, None
                 continue
             out_r, out_g = outputs(ref, ev_r), outputs(graph, ev_g)
             worst, names = max_diff(out_r, out_g)
-            if agree_any("lockstep: forward differs", worst > self.tol):
+            if agree_any("lockstep: forward differs", worst > 0):
                 return self._explain(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names)
             if ev_g.phase == "verify":
                 target_out = (ev_g.logits, out_r["logits"], ev_g)
             elif target_out is not None and overwritten_by is None and agree_any(
-                    "lockstep: target logits changed", _logits_drift(*target_out) > self.tol):
+                    "lockstep: target logits changed", _logits_drift(*target_out) > 0):
                 overwritten_by = ev_g
         next(graph_events, None)    # the reference ended: let the graph run finish too
         found = self.after_the_forwards(graph, ref_events.result, graph_events.result)
@@ -165,8 +164,8 @@ class Bisector:
     def divergence(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst=None) -> Divergence:
         """The forward at which the two runs part, as the stages take it (call it before anything re-runs a
         forward: the runs stand just after it, so what it moved on the host is still to be seen)."""
-        where = {"rows": diff_rows(out_r, out_g, self.tol), "max_abs_diff": worst} if worst is not None else {}
-        lab = Divergence(self.mode, ref, graph, ev_r, ev_g, snaps, out_r, out_g, where, tol=self.tol)
+        where = {"rows": diff_rows(out_r, out_g), "max_abs_diff": worst} if worst is not None else {}
+        lab = Divergence(self.mode, ref, graph, ev_r, ev_g, snaps, out_r, out_g, where)
         if ev_g.kind != "pre":
             lab.moves = host_moves.moved_by(snaps, ref, ev_r, graph, ev_g)
         if ev_g.kind != "pre" and ev_g.dispatch.runtime_mode != EAGER and isinstance(lab.executor, GraphExecutor):

@@ -45,7 +45,6 @@ class Divergence:
     where: dict = field(default_factory=dict)     # rows, max_abs_diff, graph_info of the difference
     moves: dict = field(default_factory=dict)     # host values each run's forward moved (`host_moves.moved_by`)
     entry: object = None        # the graph the forward replayed; None: the run under test ran it eagerly
-    tol: float = 0.0
     replays: int = 0            # forwards re-run to test a hypothesis
     ruled_out: list = field(default_factory=list)    # experiments that did not restore parity, in order
     reads: dict | None = None   # role -> holders the reference forward reads (`readset.py`), once asked for
@@ -112,7 +111,7 @@ class Divergence:
         on every rank (the ranks' next experiment depends on it)."""
         produced = result if isinstance(result, dict) else outputs(self.graph, self.ev_g, result)
         worst, _ = max_diff(self.out_r, produced)
-        return agree_all("experiment: parity restored", worst <= self.tol)
+        return agree_all("experiment: parity restored", worst == 0)
 
     def name(self, tensor) -> str | None:
         """The role naming the tensor's storage in the graph run (`storage_roles`): a registry buffer's name, a

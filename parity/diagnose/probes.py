@@ -20,7 +20,7 @@ def probe_layers(lab: Divergence) -> list[str]:
     t = lab.dispatch.num_tokens
     for i, (a, b) in enumerate(zip(ours, theirs)):
         apart = float(delta(a[:t], b[:t]).max())
-        if apart > lab.tol:
+        if apart > 0:
             return [f"layer probe: decoder layer {i} is the first to differ ({apart:.3g}) when the forward "
                     "re-runs eagerly from each run's state: the state before this forward already differs"]
     return [f"layer probe: all {len(ours)} decoder layer(s) agree when the forward re-runs eagerly from the "

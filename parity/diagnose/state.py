@@ -117,8 +117,8 @@ def max_diff(a: dict, b: dict) -> tuple[float, list[str]]:
     return worst, names
 
 
-def diff_rows(a: dict, b: dict, tol: float) -> list[int]:
-    """The rows past `tol` of the first output that differs: logits, hidden states and draft tokens first, then
+def diff_rows(a: dict, b: dict) -> list[int]:
+    """The rows that differ of the first output that differs: logits, hidden states and draft tokens first, then
     every other output but the KV cache (whose rows are slots, not the batch's)."""
     names = [n for n in ("logits", "hidden_states", "draft_tokens") if n in a]
     for name in names + [n for n in a if n not in names and not n.startswith("kv")]:
@@ -126,7 +126,7 @@ def diff_rows(a: dict, b: dict, tol: float) -> list[int]:
         if not apart.numel():
             continue
         per_row = apart.reshape(apart.shape[0], -1).amax(dim=1) if apart.dim() > 1 else apart
-        rows = [int(i) for i in torch.nonzero(per_row > tol).flatten().tolist()]
+        rows = [int(i) for i in torch.nonzero(per_row > 0).flatten().tolist()]
         if rows:
             return rows
     return []
