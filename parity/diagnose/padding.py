@@ -2,7 +2,10 @@
 
 Localised by driving the reference on clean padding and the reference on
 poisoned padding in lockstep (`PaddingBisector`); at the first forward whose
-real outputs differ, three experiments, each changing one thing:
+real outputs differ, first what its indices say (`routing.overwrite_diagnosis`:
+padded rows of an indexed write targeting what a live row targets name the
+write's index buffer, with no experiment), then three experiments, each
+changing one thing:
 
 1. the padding contract as the builder left it: padded entries of INERT
    buffers (PAD slots, zero seq_lens, clamped query_start_loc) that do not
@@ -31,6 +34,7 @@ from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
+from parity.diagnose.routing import overwrite_diagnosis
 from parity.diagnose.state import max_diff
 from parity.engine.buffers import FREE, poison_padding
 from parity.engine.padding_regions import advance_origin
@@ -124,6 +128,10 @@ def stage(lab: Divergence) -> Diagnosis:
     evidence = [f"the padded reference's real outputs change when only its padded inputs are poisoned "
                 f"({dispatch.num_tokens} real of {dispatch.num_tokens_padded} tokens, {dispatch.num_reqs} real of "
                 f"{dispatch.num_reqs_padded} rows)"]
+    overwritten = overwrite_diagnosis(lab)    # from the indices, before any experiment
+    if overwritten is not None:
+        overwritten.evidence = evidence + overwritten.evidence
+        return overwritten
     lab.restore()
     found = breaches(owner.buffers, ev_p.meta, dispatch)
     evidence += [f"{name}: {off} padded entr{'y' if off == 1 else 'ies'} not at the inert value "

@@ -31,6 +31,7 @@ needs a larger batch first); the others get poison A only.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,7 @@ from parity.engine.padding_contract import agreed
 from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing,
                                            live_outputs, move_inert, off_contract, regions, restore_contract,
                                            state_regions)
+from parity.engine.padding_routes import overwrites_first, route_regions
 from parity.engine.padding_state import STATE_KINDS, poison_state, sentinel_tail, slot_evidence
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
@@ -74,12 +76,14 @@ class Leak:
 class PaddingProbe:
     """Runs a reference's padded forwards, probing the padding contract of each new padded shape."""
 
-    def __init__(self, free_blocks, block_size: int, step=lambda: None, inert_reads: bool = False):
+    def __init__(self, free_blocks, block_size: int, step=lambda: None, inert_reads: bool = False, routes=None):
         self.free_blocks = free_blocks          # () -> block ids no request holds, now
         self.step = step                        # () -> the engine step in progress
         # A diagnosis experiment, not a verdict: also move each INERT buffer's padded entries to another
-        # well-formed value, to see whether a live row reads them (`inert_regions`).
+        # well-formed value, to see whether a live row reads them (`inert_regions`), and read padded rows'
+        # indexed writes (`padding_routes.overwrite_leak`).
         self.inert_reads = inert_reads
+        self.routes = routes                    # the reader of indexed reads and writes (`padding_routes`)
         self.block_size = block_size
         self.seen: set = set()
         self.forwards: dict[str, int] = {}
@@ -123,8 +127,8 @@ class PaddingProbe:
         self._salt += 1
         pre = PreState(owner, dispatch)
         every = regions(owner.buffers, dispatch) + state_regions(owner)
-        run = lambda b_regions, repair=(): self._run(owner, dispatch, fn, meta, pre, every, b_regions,  # noqa: E731
-                                                        repair)
+        run = lambda b_regions, repair=(), watch=None: self._run(owner, dispatch, fn, meta, pre,  # noqa: E731
+                                                                    every, b_regions, repair, watch)
         out_b, _ = run(every)
         out_a, result = run([])
         changed = differing(out_a, out_b)
@@ -134,6 +138,8 @@ class PaddingProbe:
         phase = (owner.name, dispatch.phase)
         if phase not in self.localised_phases and len(self.localised_phases) < MAX_LEAKS_LOCALISED:
             self.localised_phases.add(phase)
+            if self.routes is not None and overwrites_first(self, leak, owner, dispatch, run, every):
+                return run([])[1]
             again, result = run([])
             if differing(out_a, again):
                 leak.evidence.append(f"the forward does not reproduce its own live outputs under the same poison "
@@ -204,13 +210,16 @@ class PaddingProbe:
                                  "their writes are not routed to the PAD slot")
             return
         leaking = [r for r in every if differing(out_a, run([r])[0])]
-        leak.buffers = sorted({r.buffer for r in leaking})
+        routed, why = route_regions(self, owner, dispatch, run, leaking)
+        leak.buffers = sorted({name for r in leaking for name in routed.get((r.buffer, r.kind), [r.buffer])})
         leak.regions = [r.label() for r in leaking]
         leak.kinds = sorted({r.kind for r in leaking})
         if leaking:
-            leak.experiment = "the padded forward re-run with poison B in one region alone, poison A elsewhere"
+            leak.experiment = ("the padded forward re-run with poison B in one region alone, poison A elsewhere"
+                               + ("; its indexed reads recorded under each" if routed else ""))
             leak.evidence.append(f"poison B in {' / '.join(r.label() for r in leaking)} alone (poison A everywhere "
                                  f"else) changes live outputs")
+            leak.evidence += why
         else:
             leak.evidence.append("no single poisoned region changes live outputs alone (they leak jointly)")
 
@@ -247,9 +256,9 @@ class PaddingProbe:
         return int(changed.sum())
 
     def _run(self, owner, dispatch, fn, meta, pre: PreState, every: list[Region], b_regions: list[Region],
-             repair: list[str] = ()):
+             repair: list[str] = (), watch=None):
         """Restore the pre-state, set `repair`'s padded entries to their pad values, poison (B in
-        `b_regions`, A elsewhere), run, and read the live outputs."""
+        `b_regions`, A elsewhere), run (under `watch`, a recorder, when given), and read the live outputs."""
         pre.restore()
         restore_contract(owner.buffers, dispatch, repair)
         b_set = {(r.buffer, r.kind) for r in b_regions}
@@ -258,7 +267,8 @@ class PaddingProbe:
         for region in b_regions:
             if region.kind == "inert":
                 self._poison(owner, dispatch, region, "B")
-        result = fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
+        with watch if watch is not None else nullcontext():
+            result = fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
         return live_outputs(owner, dispatch, result, pre.live_rows), result
 
     def _poison(self, owner, dispatch, region: Region, pattern: str) -> None:
