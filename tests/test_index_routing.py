@@ -7,7 +7,7 @@
   reference's forward); live rows whose index entries are the same in two runs
   yet read different values name the read's index buffer; the correct padding
   names nothing;
-- the padding probe on the tiny hybrid pair with two state-index mistakes
+- the padding probe on the tiny hybrid pair (CPU; CUDA in make test-gpu) with two state-index mistakes
   (issue 34's second-corpus shapes, written here as test-local variants): state
   indices written left-padded name `state_index` (not the state slots read), and
   a registry declaring pad 0 (a live slot) names `spec_index`; on the clean engine
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from parity.diagnose.routing import Recorder, Routes, overwrite_diagnosis, overwrites, routed
+from parity.diagnose.routing import Recorder, Routes, overwrite_diagnosis, overwrites, recorder_of, routed
 from parity.diagnosis.kinds import PADDING_LEAK
 from parity.engine import state_slots
 from parity.engine.buffers import INERT, ROW, InputBuffers
@@ -107,24 +107,30 @@ class HandLab:
         self.ref, self.ev_r = SimpleNamespace(owner=lambda name: owner), SimpleNamespace(owner="target",
                                                                                           dispatch=DISPATCH)
         self.buffers, (self.state, self.spec, _) = buffers, slots()
-        self.replays = 0
 
     def restore(self, run: str = "graph") -> None:
         self.spec.zero_()
 
     def rerun(self, run: str = "graph") -> None:
-        self.replays += 1
         step(self.buffers, self.state, self.spec)
 
     def diagnosis(self, kind, buffers, **found):
         return SimpleNamespace(kind=kind, buffers=buffers, **found)
 
 
+def rerun_recorded(lab: HandLab):
+    """What the stages do: one re-run of the reference's forward from its pre-state, recorded, then the rule."""
+    recorder = recorder_of(lab)
+    lab.restore("ref")
+    with recorder:
+        lab.rerun("ref")
+    return overwrite_diagnosis(lab, recorder)
+
+
 def test_the_stages_name_padded_rows_writing_over_live_rows_from_one_recorded_rerun():
-    found = overwrite_diagnosis(HandLab(registry(0, [0, 1, 2, 0], [0, 1, 2, 0])))
+    found = rerun_recorded(HandLab(registry(0, [0, 1, 2, 0], [0, 1, 2, 0])))
     assert (found.kind, found.buffers) == (PADDING_LEAK, ["spec_index"]) and "indexed writes" in found.experiment
-    clean = HandLab(registry(SENTINEL, [0, 1, 2, SENTINEL], [0, 1, 2, SENTINEL]))
-    assert overwrite_diagnosis(clean) is None and clean.replays == 1
+    assert rerun_recorded(HandLab(registry(SENTINEL, [0, 1, 2, SENTINEL], [0, 1, 2, SENTINEL]))) is None
 
 
 # --- the probe on the tiny hybrid pair ------------------------------------------------------------------------
@@ -139,15 +145,20 @@ class LeftPaddedStateIndex(StateBuilder):
             self.write(name, [self.slots.sentinel] * pad + slot_ids, 0, num_tokens)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return hybrid_pair()
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                         reason="needs CUDA")])
+
+
+@pytest.fixture(scope="module", params=["cpu", CUDA])
+def pair(request):
+    """The tiny hybrid pair on the CPU (make test) and on CUDA (make test-gpu): the same answers on both."""
+    return hybrid_pair(device=request.param)
 
 
 def probe_leaks(pair, parts=None, inert_reads: bool = False, routes=Routes()) -> list:
     """The leaks of the full mode's padded reference, probed with (or, routes=None, without) the routes reader."""
     config = EngineConfig(**CONFIG)
-    engine = SpecDecodeEngine(*pair, config, parts=parts or EngineParts())
+    engine = SpecDecodeEngine(*pair, config, pair[0].lm_head.weight.device, parts or EngineParts())
     probe = PaddingProbe(engine.free_blocks, config.block_size, lambda: engine.step, inert_reads, routes)
     install_padded_reference(engine, "full", CAPTURE_SIZES, probe=probe)
     engine.run(specs(tokens=8))
@@ -159,7 +170,7 @@ def test_left_padded_state_indices_name_the_index_that_routes_live_rows_to_the_s
     assert probe_leaks(pair, parts, routes=None)[0].buffers == ["state_slots"]     # the slots read, without it
     leak = probe_leaks(pair, parts)[0]
     # live rows read the sentinel through state_index; and write it through spec_index, as the padded rows do
-    assert leak.buffers == ["spec_index", "state_index"] and leak.kinds == ["overwrite"], leak
+    assert leak.buffers == ["spec_index", "state_index"] and "overwrite" in leak.kinds, leak
     assert any("state_index routes live rows to poisoned elements" in line for line in leak.evidence)
 
 
@@ -168,8 +179,10 @@ def test_a_registered_pad_value_naming_a_live_slot_does_not_hide_padded_rows_ove
     monkeypatch.setattr(state_slots, "register_state_buffers", lambda buffers, rows, sentinel: register(buffers, rows, 0))
     assert all(leak.buffers != ["spec_index"] for leak in probe_leaks(pair, inert_reads=True, routes=None))
     leak = probe_leaks(pair, inert_reads=True)[0]
-    assert leak.buffers == ["spec_index"] and leak.kinds == ["overwrite"], leak
-    assert "padded rows write over live rows" in leak.evidence[0]
+    # On CUDA the padded and live rows' writes to slot 0 race: a forward whose two poisons then differ is
+    # localised too, and other experiments' names may join the one read from the indices.
+    assert leak.buffers == ["spec_index"] or pair[0].lm_head.weight.is_cuda and "spec_index" in leak.buffers, leak
+    assert "overwrite" in leak.kinds and any("padded rows write over live rows" in line for line in leak.evidence)
 
 
 def test_the_clean_hybrid_engine_gets_no_finding_from_the_routes_reader(pair):

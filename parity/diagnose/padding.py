@@ -2,10 +2,10 @@
 
 Localised by driving the reference on clean padding and the reference on
 poisoned padding in lockstep (`PaddingBisector`); at the first forward whose
-real outputs differ, first what its indices say (`routing.overwrite_diagnosis`:
-padded rows of an indexed write targeting what a live row targets name the
-write's index buffer, with no experiment), then three experiments, each
-changing one thing:
+real outputs differ, first what its indices say (`routing.overwrite_diagnosis`,
+read during the plain re-run of 2. below: padded rows of an indexed write
+targeting what a live row targets name the write's index buffer, with no
+experiment), then three experiments, each changing one thing:
 
 1. the padding contract as the builder left it: padded entries of INERT
    buffers (PAD slots, zero seq_lens, clamped query_start_loc) that do not
@@ -28,13 +28,15 @@ named with the breach.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
-from parity.diagnose.routing import overwrite_diagnosis
+from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
 from parity.engine.buffers import FREE, poison_padding
 from parity.engine.padding_regions import advance_origin
@@ -57,9 +59,9 @@ def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, in
     return found
 
 
-def padded_kv_writes(lab: Divergence, run: str) -> list[int]:
+def padded_kv_writes(lab: Divergence, run: str, watch=None) -> list[int]:
     """KV slots padded tokens write in `run` ("ref" or "graph"), each found by re-running the forward from
-    its pre-state.
+    its pre-state (the plain re-run under `watch`, a recorder, when given).
 
     1. rows the forward changes that no real token of the batch owns;
     2. first-layer rows that change when only the padded tokens' FREE inputs are
@@ -82,17 +84,18 @@ def padded_kv_writes(lab: Divergence, run: str) -> list[int]:
         real |= set(live[:n].tolist())
     before = _kv_rows(owner)
 
-    def rerun(change) -> list[torch.Tensor]:
+    def rerun(change, recorder=None) -> list[torch.Tensor]:
         lab.restore(run)
         change()
-        lab.rerun(run)
+        with recorder if recorder is not None else nullcontext():
+            lab.rerun(run)
         return _kv_rows(owner)
 
     def set_pad_slots():
         for _, tensor, region, _ in _slot_breaches(owner, event):
             tensor[region] = -1
 
-    plain = rerun(lambda: None)
+    plain = rerun(lambda: None, watch)
     written = _changed(before, plain) - real
     poisoned = rerun(lambda: poison_padding(owner.buffers, event.dispatch, salt=1))
     layers = len(owner.kv_cache.keys)
@@ -128,15 +131,16 @@ def stage(lab: Divergence) -> Diagnosis:
     evidence = [f"the padded reference's real outputs change when only its padded inputs are poisoned "
                 f"({dispatch.num_tokens} real of {dispatch.num_tokens_padded} tokens, {dispatch.num_reqs} real of "
                 f"{dispatch.num_reqs_padded} rows)"]
-    overwritten = overwrite_diagnosis(lab)    # from the indices, before any experiment
-    if overwritten is not None:
-        overwritten.evidence = evidence + overwritten.evidence
-        return overwritten
     lab.restore()
     found = breaches(owner.buffers, ev_p.meta, dispatch)
     evidence += [f"{name}: {off} padded entr{'y' if off == 1 else 'ies'} not at the inert value "
                  f"{owner.buffers.spec(name).inert_value(dispatch.num_tokens)}" for name, _, _, off in found]
-    stray = padded_kv_writes(lab, "ref")
+    recorder = recorder_of(lab)
+    stray = padded_kv_writes(lab, "ref", watch=recorder)
+    overwritten = overwrite_diagnosis(lab, recorder)    # from the indices, before any experiment
+    if overwritten is not None and not stray:
+        overwritten.evidence = evidence + overwritten.evidence
+        return overwritten
     if stray:
         evidence.append(f"padded tokens write the KV cache of real requests: slots {_slots(stray)}")
 

@@ -35,7 +35,7 @@ from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.padding import padded_kv_writes
-from parity.diagnose.routing import overwrite_diagnosis
+from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
 
 RERUNS = 2
@@ -64,8 +64,9 @@ def stage(lab: Divergence) -> Diagnosis | None:
     """PADDING_LEAK when the reference's padded tokens write real KV slots at the divergent forward, or padded
     rows of any indexed write target what a live row targets; else None when both runs reproduce it; else
     UNEXPLAINED, saying that they do not."""
-    stray = set(padded_kv_writes(lab, "ref"))
-    overwritten = None if stray else overwrite_diagnosis(lab)
+    recorder = recorder_of(lab)
+    stray = set(padded_kv_writes(lab, "ref", watch=recorder))
+    overwritten = None if stray else overwrite_diagnosis(lab, recorder)
     if overwritten is not None:
         return overwritten
     runs = {"reference": unstable(lab, "ref"), "graph run": unstable(lab, "graph")}

@@ -162,15 +162,16 @@ def routed(first: Recorder, second: Recorder, buffers, dispatch, labels: dict[in
     return names, evidence
 
 
-def overwrite_diagnosis(lab) -> Diagnosis | None:
-    """PADDING_LEAK naming the index buffers whose padded rows write over live rows' elements in the reference's
-    divergent forward (re-run once from its pre-state, recorded), before any experiment; None when none does."""
+def recorder_of(lab) -> Recorder:
+    """A recorder of the indexed ops of the reference's divergent forward (hand it to one of its re-runs)."""
     owner = lab.ref.owner(lab.ev_r.owner)
-    recorder = Recorder({t.untyped_storage().data_ptr(): name for name, t in owner.buffers.items()})
-    lab.restore("ref")
-    with recorder:
-        lab.rerun("ref")
-    lab.restore("ref")
+    return Recorder({t.untyped_storage().data_ptr(): name for name, t in owner.buffers.items()})
+
+
+def overwrite_diagnosis(lab, recorder: Recorder) -> Diagnosis | None:
+    """PADDING_LEAK naming the index buffers whose padded rows write over live rows' elements in the reference's
+    divergent forward, from `recorder` (one re-run of it from its pre-state); None when none does."""
+    owner = lab.ref.owner(lab.ev_r.owner)
     names, _, evidence = overwrites(recorder, owner.buffers, lab.ev_r.dispatch, labels(owner))
     if not names:
         return None

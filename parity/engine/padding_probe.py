@@ -38,10 +38,10 @@ import torch
 
 from parity.engine.buffers import fill_like_live
 from parity.engine.padding_contract import agreed
-from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing,
-                                           live_outputs, move_inert, off_contract, regions, restore_contract,
+from parity.engine.padding_regions import (PreState, Region, advance_origin, differing, live_outputs,
+                                           move_inert, off_contract, padded_kv_writes, regions, restore_contract,
                                            state_regions)
-from parity.engine.padding_routes import overwrites_first, route_regions
+from parity.engine.padding_routes import overwrites_first, route_regions, with_overwrites
 from parity.engine.padding_state import STATE_KINDS, poison_state, sentinel_tail, slot_evidence
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
@@ -138,16 +138,20 @@ class PaddingProbe:
         phase = (owner.name, dispatch.phase)
         if phase not in self.localised_phases and len(self.localised_phases) < MAX_LEAKS_LOCALISED:
             self.localised_phases.add(phase)
-            if self.routes is not None and overwrites_first(self, leak, owner, dispatch, run, every):
-                return run([])[1]
+            # From the indices, before any experiment: padded rows writing over live rows (a race on CUDA).
+            overwritten = overwrites_first(self, leak, owner, dispatch, run)
             again, result = run([])
             if differing(out_a, again):
                 leak.evidence.append(f"the forward does not reproduce its own live outputs under the same poison "
                                      f"({', '.join(differing(out_a, again)[:4])})")
-                self._repair_race(leak, owner, dispatch, meta, run, every, pre)
+                if overwritten:     # the padded rows' writes race the live rows': no experiment on it
+                    leak.kinds.append("race")
+                else:
+                    self._repair_race(leak, owner, dispatch, meta, run, every, pre)
                 _, result = run([])
                 return result
             self._localise(leak, owner, dispatch, meta, run, out_a, every, pre)
+            with_overwrites(leak, overwritten)
             # The forward whose state the run goes on from is poison A's, as for every other forward.
             _, result = run([])
         return result
@@ -201,7 +205,7 @@ class PaddingProbe:
                     return
             leak.evidence.append(f"{', '.join(sorted(off))} padded entries are off their pad values, but restoring "
                                  f"them does not make the two poisons agree")
-        written = self._padded_kv_writes(owner, dispatch, run, every, pre.live_rows)
+        written = padded_kv_writes(owner, dispatch, run, every, pre.live_rows, self.block_size)
         if written:
             leak.buffers, leak.kinds = ["slot_mapping"], ["writes"]
             leak.regions = [f"padded tokens' KV writes land in {written} slot(s) live requests own"]
@@ -222,38 +226,6 @@ class PaddingProbe:
             leak.evidence += why
         else:
             leak.evidence.append("no single poisoned region changes live outputs alone (they leak jointly)")
-
-    def _padded_kv_writes(self, owner, dispatch, run, every, live_slots) -> int:
-        """How many first-layer KV rows live requests own change with the poison.
-
-        Owned: the live rows' context (written before this forward) and the
-        slots the live tokens write now. A live token's first-layer key and
-        value depend on its own inputs alone, so under either poison they are
-        the same unless a padded token wrote over them."""
-        b = owner.buffers
-        n = dispatch.num_reqs
-        starts, ends = b["query_start_loc"][:n], b["query_start_loc"][1: n + 1]
-        context = (b["seq_lens"][:n] - (ends - starts)).clamp(min=0)     # positions written before this forward
-        width = int(context.max()) if n else 0
-        slots = live_slots
-        if width:
-            positions = torch.arange(width, device=b.device)
-            block_size = self.block_size
-            blocks = b["block_table"][:n].gather(1, (positions // block_size).unsqueeze(0).expand(n, -1))
-            before = (blocks * block_size + positions % block_size)[positions.unsqueeze(0) < context.unsqueeze(1)]
-            slots = torch.cat([before, live_slots])
-        if slots.numel() == 0:
-            return 0
-        layer0 = (owner.kv_cache.keys[0], owner.kv_cache.values[0])
-
-        def owned(regions):
-            run(regions)
-            return [c.index_select(0, slots) for c in layer0]
-        a, bb = owned([]), owned(every)
-        changed = torch.zeros(slots.shape[0], dtype=torch.bool, device=slots.device)
-        for x, y in zip(a, bb):
-            changed |= (bits(x) != bits(y)).reshape(slots.shape[0], -1).any(dim=1)
-        return int(changed.sum())
 
     def _run(self, owner, dispatch, fn, meta, pre: PreState, every: list[Region], b_regions: list[Region],
              repair: list[str] = (), watch=None):

@@ -6,9 +6,10 @@ probe asks, and what it makes of the answer:
 
 - `overwrites`: padded rows whose write targets an element a live row writes
   in the same op are a PADDING_LEAK naming the index buffer, told from the
-  indices before any one-variable experiment (`overwrites_first`, on a leak:
-  on CUDA such a forward races, and an experiment's re-run would win or lose the
-  race by chance); and, as a diagnosis experiment beside the INERT moves, when
+  indices before any one-variable experiment (`overwrites_first`, on a leak;
+  when the forward then does not reproduce itself, as on CUDA where such writes
+  race, no experiment follows; otherwise the experiments' names join it); and,
+  as a diagnosis experiment beside the INERT moves, when
   the two poisons agree (`overwrite_leak`): the two poisons cannot see a padded
   row that writes a live row's own (unpoisoned) data over it, and a pad value
   declared wrong hides it from the contract check;
@@ -62,18 +63,25 @@ def overwrite_leak(probe, owner, dispatch, meta, index: int, run, out_a):
     return result
 
 
-def overwrites_first(probe, leak, owner, dispatch, run, every) -> bool:
-    """On a leak, before any experiment: when padded rows write over live rows' elements, name the writes'
-    index buffers, and those that route live rows into poisoned slots (`route_regions`); nothing else is tried
-    (on CUDA such a forward races). False when no write does."""
+def overwrites_first(probe, leak, owner, dispatch, run) -> list[str]:
+    """On a leak, before any experiment: the index buffers whose padded rows write over live rows' elements in
+    one op, named on `leak` (what a forward that does not reproduce itself gets: on CUDA it races); [] when
+    no write does, or without a reader."""
+    if probe.routes is None:
+        return []
     names, _, evidence, _, _ = _overwrites(probe, owner, dispatch, run)
-    if not names:
-        return False
-    routed, why = route_regions(probe, owner, dispatch, run, every)
-    _name(leak, sorted(set(names).union(*routed.values())), evidence + why)
-    leak.evidence.append("no one-variable experiment is run on this forward: which of two writes to one element "
-                         "lands is undefined on CUDA")
-    return True
+    if names:
+        _name(leak, names, evidence)
+    return names
+
+
+def with_overwrites(leak, names: list[str]) -> None:
+    """After the probe's experiments localised `leak`: the overwriting writes' index buffers named beside."""
+    if names:
+        leak.buffers = sorted(set(leak.buffers) | set(names))
+        leak.kinds = sorted(set(leak.kinds) | {"overwrite"})
+        leak.regions += [f"{name} padded entries naming elements live rows write" for name in names]
+        leak.experiment = f"{leak.experiment}; and its indexed writes read" if leak.experiment else None
 
 
 def route_regions(probe, owner, dispatch, run, leaking) -> tuple[dict, list[str]]:
