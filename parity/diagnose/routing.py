@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.audit.padded_writes import overlap, targets
+from parity.audit.padded_writes import _along, _index_put, _scatter, overlap, targets
 from parity.diagnosis.kinds import PADDING_LEAK
 from parity.diagnosis.record import Diagnosis
 from parity.engine.buffers import ROW, TOKEN
@@ -80,31 +80,17 @@ class Recorder(RegionAware):
     def _read(self, func, args, out) -> Access | None:
         source = args[0]
         if func is aten.index.Tensor:
-            indices = list(args[1])
-            if not indices or indices[0] is None or any(i is None or i.dtype == torch.bool for i in indices):
-                return None
-            coords = torch.broadcast_tensors(*[i.detach().cpu().long() for i in indices])
-            flat, values = _flat(list(source.shape), list(coords)), out
+            indices, flat, values = list(args[1]), _index_put(source, list(args[1])), out
         else:
-            dim, index = args[1] % max(source.dim(), 1), args[2]
-            indices = [index]
-            if func is aten.index_select.default:
-                flat, values = index.detach().cpu().long() % source.shape[dim], out.movedim(dim, 0)
-            else:
-                grids = list(torch.meshgrid(*[torch.arange(n) for n in index.shape], indexing="ij"))
-                grids[dim] = index.detach().cpu().long()
-                flat, values = _flat(list(source.shape), grids), out
-        name = self._name(indices)
-        if name is None or flat.dim() == 0:
+            dim = args[1] % max(source.dim(), 1)
+            along = func is aten.index_select.default
+            indices = [args[2]]
+            flat = _along(source, dim, args[2]) if along else _scatter(source, dim, args[2])
+            values = out.movedim(dim, 0) if along else out
+        name = self._name(indices) if flat is not None and flat.dim() else None
+        if name is None:
             return None
         return Access(str(func), False, source.untyped_storage().data_ptr(), name, flat, values.detach().clone())
-
-
-def _flat(sizes: list[int], coords: list[torch.Tensor]) -> torch.Tensor:
-    flat = torch.zeros_like(coords[0])
-    for size, c in zip(sizes, coords):
-        flat = flat * size + c % size
-    return flat
 
 
 def live_rows(buffers, name: str, dispatch, rows: int) -> int | None:
@@ -116,7 +102,7 @@ def live_rows(buffers, name: str, dispatch, rows: int) -> int | None:
     return spec.used(dispatch.num_tokens, dispatch.num_reqs).stop
 
 
-def overwrites(recorder: Recorder, buffers, dispatch, labels: dict[int, str]) -> tuple[list[str], list[str],
+def overwrites(recorder: Recorder, buffers, dispatch, persistent: dict[int, str]) -> tuple[list[str], list[str],
                                                                                       list[str]]:
     """(index buffers, tensors written, evidence) of every write whose padded rows target an element a live row
     targets."""
@@ -128,7 +114,7 @@ def overwrites(recorder: Recorder, buffers, dispatch, labels: dict[int, str]) ->
         if hit is None:
             continue
         names += [a.index] if a.index not in names else []
-        label = labels.get(a.tensor, "a tensor")
+        label = persistent.get(a.tensor, "a tensor")
         written += [label] if label not in written else []
         evidence.append(f"{a.op} writing {label}: the padded rows {valid}..{padded - 1} "
                         f"of {a.index} target {hit[0]} element(s) a live row of the same write targets (element "
@@ -139,13 +125,13 @@ def overwrites(recorder: Recorder, buffers, dispatch, labels: dict[int, str]) ->
     return names, written, evidence
 
 
-def routed(first: Recorder, second: Recorder, buffers, dispatch, labels: dict[int, str]) -> tuple[list[str], list[str]]:
-    """(index buffers, evidence) of the reads of persistent tensors (`labels`) whose live rows' index entries are
+def routed(first: Recorder, second: Recorder, buffers, dispatch, persistent: dict[int, str]) -> tuple[list[str], list[str]]:
+    """(index buffers, evidence) of the reads of persistent tensors (`persistent`: storage -> name) whose live rows' index entries are
     the same in two runs of one forward yet read different values: the index routed them to what differs."""
     names, evidence = [], []
     reads = zip(*[[a for a in r.accesses if not a.write] for r in (first, second)])
     for a, b in reads:
-        if (a.op, a.index, a.tensor) != (b.op, b.index, b.tensor) or a.tensor not in labels:
+        if (a.op, a.index, a.tensor) != (b.op, b.index, b.tensor) or a.tensor not in persistent:
             continue
         valid = live_rows(buffers, a.index, dispatch, a.flat.shape[0])
         if not valid or not torch.equal(a.flat[:valid], b.flat[:valid]):
@@ -156,7 +142,7 @@ def routed(first: Recorder, second: Recorder, buffers, dispatch, labels: dict[in
             continue
         names.append(a.index)
         shown = ", ".join(f"row {r} -> element {int(a.flat[r].reshape(-1)[0])}" for r in rows[:4])
-        evidence.append(f"{a.op} reading {labels[a.tensor]} through {a.index}: live rows read elements that differ "
+        evidence.append(f"{a.op} reading {persistent[a.tensor]} through {a.index}: live rows read elements that differ "
                         f"between the two runs though {a.index}'s live entries are the same ({shown}): {a.index} "
                         f"routes live rows to poisoned elements")
     return names, evidence
