@@ -10,8 +10,9 @@
 - the padding probe on the tiny hybrid pair (CPU; CUDA in make test-gpu) with two state-index mistakes
   (issue 34's second-corpus shapes, written here as test-local variants): state
   indices written left-padded name `state_index` (not the state slots read), and
-  a registry declaring pad 0 (a live slot) names `spec_index`; on the clean engine
-  the reader adds no finding.
+  a registry declaring pad 0 (a live slot) names `spec_index`, also when the
+  writes to slot 0 race as on CUDA (a random write order stands in); on the
+  clean engine the reader adds no finding.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from parity.engine.parts import EngineParts
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.engine.state_slots import STATE_FIELDS, StateBuilder
 from parity.graphs.factory import install_padded_reference
+from parity.models.recurrent import RecurrentMixer
 from tests.test_hybrid import CAPTURE_SIZES, CONFIG, hybrid_pair, specs
 
 pytestmark = pytest.mark.xdist_group("hybrid")
@@ -183,6 +185,30 @@ def test_a_registered_pad_value_naming_a_live_slot_does_not_hide_padded_rows_ove
     # localised too, and other experiments' names may join the one read from the indices.
     assert leak.buffers == ["spec_index"] or pair[0].lm_head.weight.is_cuda and "spec_index" in leak.buffers, leak
     assert "overwrite" in leak.kinds and any("padded rows write over live rows" in line for line in leak.evidence)
+
+
+def racy_mix(self, x, meta):
+    """The mixer with CUDA's `index_copy_` race stood in for: which of two rows writing one slot lands last is a
+    fresh draw on every call (the CPU's order is fixed)."""
+    states = meta.states
+    start = states.state[self.layer_idx].index_select(0, meta.state_index)
+    out, ends = self._mix(x, meta.query_start_loc, start, states.positions)
+    states.spec[self.layer_idx].index_copy_(0, meta.spec_index, ends)
+    order = torch.randperm(ends.shape[0], device=ends.device)
+    states.spec[self.layer_idx].index_copy_(0, meta.spec_index[order], ends[order])
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_racing_overwrites_get_the_indices_answer_not_a_lucky_experiments(pair, monkeypatch, seed):
+    """With pad 0 declared, padded rows and live row 0 race for slot 0: the two poisons differ by chance, and
+    so may every experiment after; what is named is what the indices say, on every draw."""
+    register = state_slots.register_state_buffers
+    monkeypatch.setattr(state_slots, "register_state_buffers", lambda buffers, rows, sentinel: register(buffers, rows, 0))
+    monkeypatch.setattr(RecurrentMixer, "mix", racy_mix)
+    torch.manual_seed(seed)
+    named = [leak.buffers for leak in probe_leaks(pair) if leak.buffers and leak.owner == "target"]
+    assert named and all(buffers == ["spec_index"] for buffers in named), named
 
 
 def test_the_clean_hybrid_engine_gets_no_finding_from_the_routes_reader(pair):

@@ -75,13 +75,24 @@ def overwrites_first(probe, leak, owner, dispatch, run) -> list[str]:
     return names
 
 
-def with_overwrites(leak, names: list[str]) -> None:
-    """After the probe's experiments localised `leak`: the overwriting writes' index buffers named beside."""
-    if names:
-        leak.buffers = sorted(set(leak.buffers) | set(names))
-        leak.kinds = sorted(set(leak.kinds) | {"overwrite"})
-        leak.regions += [f"{name} padded entries naming elements live rows write" for name in names]
-        leak.experiment = f"{leak.experiment}; and its indexed writes read" if leak.experiment else None
+def with_overwrites(leak, names: list[str], twin=None) -> None:
+    """After the probe's experiments localised `leak` (and, the same way, `twin`): the overwriting writes' index
+    buffers named beside what they found; when the two localisations differ, the writes race and only the
+    indices' answer stands."""
+    if not names:
+        return
+    if twin is not None and twin.buffers != leak.buffers:
+        found = f"{', '.join(leak.buffers) or 'nothing'}, then {', '.join(twin.buffers) or 'nothing'}"
+        leak.evidence = [line for line in leak.evidence if "padded rows write over live rows" in line
+                         or line.startswith("told from the write's indices")]
+        _name(leak, names, [f"the probe's experiments do not repeat their answer ({found}): the overwriting "
+                            f"writes race, so only what the indices say is named"])
+        leak.kinds.append("race")
+        return
+    leak.buffers = sorted(set(leak.buffers) | set(names))
+    leak.kinds = sorted(set(leak.kinds) | {"overwrite"})
+    leak.regions += [f"{name} padded entries naming elements live rows write" for name in names]
+    leak.experiment = f"{leak.experiment}; and its indexed writes read" if leak.experiment else None
 
 
 def route_regions(probe, owner, dispatch, run, leaking) -> tuple[dict, list[str]]:
