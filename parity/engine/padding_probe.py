@@ -20,7 +20,8 @@ contract for them is their exact pad value, which is checked.
 Live outputs (returned rows, the rows the forward declares it writes, the
 live tokens' KV rows, live rows' states) must agree bit for bit. When they do not, re-runs from
 the pre-state name what leaks: a contract repair, padded KV writes landing in
-live slots, or one region's poison alone.
+live slots, or one region's poison alone; and, read first from the indices,
+padded rows writing over live rows in one op (`padding_routes`).
 
 Cost: one extra forward per probed forward, a few per region on the first leak
 of each phase. Probed: the first forward of every distinct (owner, phase,

@@ -8,7 +8,8 @@ probe asks, and what it makes of the answer:
   in the same op are a PADDING_LEAK naming the index buffer, told from the
   indices before any one-variable experiment (`overwrites_first`, on a leak;
   when the forward then does not reproduce itself, as on CUDA where such writes
-  race, no experiment follows; otherwise the experiments' names join it); and,
+  race, no experiment follows; otherwise the experiments run twice and their
+  names join it when both runs agree, `with_overwrites`); and,
   as a diagnosis experiment beside the INERT moves, when
   the two poisons agree (`overwrite_leak`): the two poisons cannot see a padded
   row that writes a live row's own (unpoisoned) data over it, and a pad value
