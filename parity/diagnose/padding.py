@@ -2,7 +2,10 @@
 
 Localised by driving the reference on clean padding and the reference on
 poisoned padding in lockstep (`PaddingBisector`); at the first forward whose
-real outputs differ, three experiments, each changing one thing:
+real outputs differ, first what its indices say (`routing.overwrite_diagnosis`,
+read during the plain re-run of 2. below: padded rows of an indexed write
+targeting what a live row targets name the write's index buffer, with no
+experiment), then three experiments, each changing one thing:
 
 1. the padding contract as the builder left it: padded entries of INERT
    buffers (PAD slots, zero seq_lens, clamped query_start_loc) that do not
@@ -25,12 +28,16 @@ named with the breach.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
+from parity.diagnose.ranks import shared
+from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
 from parity.engine.buffers import FREE, poison_padding
 from parity.engine.padding_regions import advance_origin
@@ -54,9 +61,9 @@ def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, in
     return found
 
 
-def padded_kv_writes(lab: Divergence, run: str) -> list[int]:
+def padded_kv_writes(lab: Divergence, run: str, watch=None) -> list[int]:
     """KV slots padded tokens write in `run` ("ref" or "graph"), each found by re-running the forward from
-    its pre-state.
+    its pre-state (the plain re-run under `watch`, a recorder, when given).
 
     1. rows the forward changes that no real token of the batch owns;
     2. first-layer rows that change when only the padded tokens' FREE inputs are
@@ -79,17 +86,18 @@ def padded_kv_writes(lab: Divergence, run: str) -> list[int]:
         real |= set(live[:n].tolist())
     before = _kv_rows(owner)
 
-    def rerun(change) -> list[torch.Tensor]:
+    def rerun(change, recorder=None) -> list[torch.Tensor]:
         lab.restore(run)
         change()
-        lab.rerun(run)
+        with recorder if recorder is not None else nullcontext():
+            lab.rerun(run)
         return _kv_rows(owner)
 
     def set_pad_slots():
         for _, tensor, region, _ in _slot_breaches(owner, event):
             tensor[region] = -1
 
-    plain = rerun(lambda: None)
+    plain = rerun(lambda: None, watch)
     written = _changed(before, plain) - real
     poisoned = rerun(lambda: poison_padding(owner.buffers, event.dispatch, salt=1))
     layers = len(owner.kv_cache.keys)
@@ -131,7 +139,13 @@ def stage(lab: Divergence) -> Diagnosis:
     agree_same("padding: breaches", [[name, off] for name, _, _, off in found])
     evidence += [f"{name}: {off} padded entr{'y' if off == 1 else 'ies'} not at the inert value "
                  f"{owner.buffers.spec(name).inert_value(dispatch.num_tokens)}" for name, _, _, off in found]
-    stray = agree_union("padding: padded KV writes", padded_kv_writes(lab, "ref"))
+    recorder = recorder_of(lab)
+    stray = agree_union("padding: padded KV writes", padded_kv_writes(lab, "ref", watch=recorder))
+    # from the indices, before any experiment; under TP every rank's first account (`diagnose.ranks`)
+    overwritten = shared("padding: padded overwrites", overwrite_diagnosis(lab, recorder))
+    if overwritten is not None and not stray:
+        overwritten.evidence = evidence + overwritten.evidence
+        return overwritten
     if stray:
         evidence.append(f"padded tokens write the KV cache of real requests: slots {_slots(stray)}")
 

@@ -17,7 +17,11 @@ So before any experiment two observations are made:
    would sit: PADDING_LEAK(slot_mapping), without a one-variable experiment.
    Two re-runs that happen to agree do not make such a forward safe to
    experiment on: a later experiment's re-run can lose the race and "restore
-   parity", naming a cause it did not isolate.
+   parity", naming a cause it did not isolate. The same holds for every
+   indexed write, not only the KV store: one whose padded rows target an
+   element a live row targets (a recurrent state slot, any row of a persistent
+   tensor) is PADDING_LEAK naming the buffer that supplied its indices
+   (`routing.overwrite_diagnosis`), told from the indices alone.
 2. otherwise the divergent forward is re-run from its pre-state, twice in the
    reference and twice in the graph run; when either does not reproduce its
    outputs, the diagnosis is UNEXPLAINED, saying so and which first-layer KV
@@ -31,6 +35,8 @@ from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.padding import padded_kv_writes
+from parity.diagnose.ranks import shared
+from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
 from parity.graphs.tp_agree import agree_union, merged_lines
 
@@ -57,10 +63,15 @@ def unstable(lab: Divergence, run: str) -> tuple[float, set[int]]:
 
 
 def stage(lab: Divergence) -> Diagnosis | None:
-    """PADDING_LEAK when the reference's padded tokens write real KV slots at the divergent forward; else None
-    when both runs reproduce it; else UNEXPLAINED, saying that they do not."""
+    """PADDING_LEAK when the reference's padded tokens write real KV slots at the divergent forward, or padded
+    rows of any indexed write target what a live row targets; else None when both runs reproduce it; else
+    UNEXPLAINED, saying that they do not."""
+    recorder = recorder_of(lab)
     # Under TP: the slots of every rank, and every rank's account (`graphs.tp_agree`); the same at TP=1.
-    stray = set(agree_union("reproducible: padded KV writes", padded_kv_writes(lab, "ref")))
+    stray = set(agree_union("reproducible: padded KV writes", padded_kv_writes(lab, "ref", watch=recorder)))
+    overwritten = None if stray else shared("reproducible: padded overwrites", overwrite_diagnosis(lab, recorder))
+    if overwritten is not None:
+        return overwritten
     runs = {"reference": unstable(lab, "ref"), "graph run": unstable(lab, "graph")}
     raced = set().union(*(rows for _, rows in runs.values()))
     evidence = [f"the {run}'s forward does not reproduce its own outputs from its pre-state ({RERUNS} re-runs, "

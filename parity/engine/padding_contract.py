@@ -16,6 +16,7 @@ when they agree:
 from __future__ import annotations
 
 from parity.engine.padding_regions import differing, inert_regions, off_contract
+from parity.engine.padding_routes import overwrite_leak
 from parity.engine.padding_state import slot_evidence
 
 
@@ -38,7 +39,11 @@ def agreed(probe, owner, dispatch, meta, index: int, run, out_a, result):
                              f"reach live ones through entries the builder left off the contract"]
             leak.evidence += [line for line in holders if any(f" {name} " in line for name in names)]
             return run([])[1]
-    return inert_reads(probe, owner, dispatch, meta, index, run, out_a, result) if probe.inert_reads else result
+    if not probe.inert_reads:
+        return result
+    overwritten = overwrite_leak(probe, owner, dispatch, meta, index, run, out_a) if probe.routes else None
+    return overwritten if overwritten is not None else inert_reads(probe, owner, dispatch, meta, index, run, out_a,
+                                                                   result)
 
 
 def inert_reads(probe, owner, dispatch, meta, index: int, run, out_a, result):

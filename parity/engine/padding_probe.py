@@ -20,7 +20,8 @@ contract for them is their exact pad value, which is checked.
 Live outputs (returned rows, the rows the forward declares it writes, the
 live tokens' KV rows, live rows' states) must agree bit for bit. When they do not, re-runs from
 the pre-state name what leaks: a contract repair, padded KV writes landing in
-live slots, or one region's poison alone.
+live slots, or one region's poison alone; and, read first from the indices,
+padded rows writing over live rows in one op (`padding_routes`).
 
 Cost: one extra forward per probed forward, a few per region on the first leak
 of each phase. Probed: the first forward of every distinct (owner, phase,
@@ -30,16 +31,19 @@ needs a larger batch first); the others get poison A only.
 
 from __future__ import annotations
 
+import copy
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from parity.engine.buffers import fill_like_live
 from parity.engine.padding_contract import agreed
-from parity.engine.padding_regions import (PreState, Region, advance_origin, bits, differing,
-                                           live_outputs, move_inert, off_contract, regions, restore_contract,
+from parity.engine.padding_regions import (PreState, Region, advance_origin, differing, live_outputs,
+                                           move_inert, off_contract, padded_kv_writes, regions, restore_contract,
                                            state_regions)
+from parity.engine.padding_routes import overwrites_first, route_regions, with_overwrites
 from parity.engine.padding_state import STATE_KINDS, poison_state, sentinel_tail, slot_evidence
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
@@ -74,12 +78,14 @@ class Leak:
 class PaddingProbe:
     """Runs a reference's padded forwards, probing the padding contract of each new padded shape."""
 
-    def __init__(self, free_blocks, block_size: int, step=lambda: None, inert_reads: bool = False):
+    def __init__(self, free_blocks, block_size: int, step=lambda: None, inert_reads: bool = False, routes=None):
         self.free_blocks = free_blocks          # () -> block ids no request holds, now
         self.step = step                        # () -> the engine step in progress
         # A diagnosis experiment, not a verdict: also move each INERT buffer's padded entries to another
-        # well-formed value, to see whether a live row reads them (`inert_regions`).
+        # well-formed value, to see whether a live row reads them (`inert_regions`), and read padded rows'
+        # indexed writes (`padding_routes.overwrite_leak`).
         self.inert_reads = inert_reads
+        self.routes = routes                    # the reader of indexed reads and writes (`padding_routes`)
         self.block_size = block_size
         self.seen: set = set()
         self.forwards: dict[str, int] = {}
@@ -123,8 +129,8 @@ class PaddingProbe:
         self._salt += 1
         pre = PreState(owner, dispatch)
         every = regions(owner.buffers, dispatch) + state_regions(owner)
-        run = lambda b_regions, repair=(): self._run(owner, dispatch, fn, meta, pre, every, b_regions,  # noqa: E731
-                                                        repair)
+        run = lambda b_regions, repair=(), watch=None: self._run(owner, dispatch, fn, meta, pre,  # noqa: E731
+                                                                    every, b_regions, repair, watch)
         out_b, _ = run(every)
         out_a, result = run([])
         changed = differing(out_a, out_b)
@@ -134,14 +140,24 @@ class PaddingProbe:
         phase = (owner.name, dispatch.phase)
         if phase not in self.localised_phases and len(self.localised_phases) < MAX_LEAKS_LOCALISED:
             self.localised_phases.add(phase)
-            again, result = run([])
-            if differing(out_a, again):
+            # From the indices, before any experiment: padded rows writing over live rows (a race on CUDA).
+            overwritten = overwrites_first(self, leak, owner, dispatch, run)
+            # Padded rows racing live ones can reproduce by chance: asked three times when the indices say they do.
+            moved = next((d for d in (differing(out_a, run([])[0]) for _ in range(3 if overwritten else 1)) if d), [])
+            if moved:
                 leak.evidence.append(f"the forward does not reproduce its own live outputs under the same poison "
-                                     f"({', '.join(differing(out_a, again)[:4])})")
-                self._repair_race(leak, owner, dispatch, meta, run, every, pre)
+                                     f"({', '.join(moved[:4])})")
+                if overwritten:     # the padded rows' writes race the live rows': no experiment on it
+                    leak.kinds.append("race")
+                else:
+                    self._repair_race(leak, owner, dispatch, meta, run, every, pre)
                 _, result = run([])
                 return result
-            self._localise(leak, owner, dispatch, meta, run, out_a, every, pre)
+            # Where writes race, experiments may agree by chance: their answer stands only if it repeats.
+            twin = copy.deepcopy(leak) if overwritten else None
+            for localised in (leak, twin) if twin is not None else (leak,):
+                self._localise(localised, owner, dispatch, meta, run, out_a, every, pre)
+            with_overwrites(leak, overwritten, twin)
             # The forward whose state the run goes on from is poison A's, as for every other forward.
             _, result = run([])
         return result
@@ -195,7 +211,7 @@ class PaddingProbe:
                     return
             leak.evidence.append(f"{', '.join(sorted(off))} padded entries are off their pad values, but restoring "
                                  f"them does not make the two poisons agree")
-        written = self._padded_kv_writes(owner, dispatch, run, every, pre.live_rows)
+        written = padded_kv_writes(owner, dispatch, run, every, pre.live_rows, self.block_size)
         if written:
             leak.buffers, leak.kinds = ["slot_mapping"], ["writes"]
             leak.regions = [f"padded tokens' KV writes land in {written} slot(s) live requests own"]
@@ -204,52 +220,23 @@ class PaddingProbe:
                                  "their writes are not routed to the PAD slot")
             return
         leaking = [r for r in every if differing(out_a, run([r])[0])]
-        leak.buffers = sorted({r.buffer for r in leaking})
+        routed, why = route_regions(self, owner, dispatch, run, leaking)
+        leak.buffers = sorted({name for r in leaking for name in routed.get((r.buffer, r.kind), [r.buffer])})
         leak.regions = [r.label() for r in leaking]
         leak.kinds = sorted({r.kind for r in leaking})
         if leaking:
-            leak.experiment = "the padded forward re-run with poison B in one region alone, poison A elsewhere"
+            leak.experiment = ("the padded forward re-run with poison B in one region alone, poison A elsewhere"
+                               + ("; its indexed reads recorded under each" if routed else ""))
             leak.evidence.append(f"poison B in {' / '.join(r.label() for r in leaking)} alone (poison A everywhere "
                                  f"else) changes live outputs")
+            leak.evidence += why
         else:
             leak.evidence.append("no single poisoned region changes live outputs alone (they leak jointly)")
 
-    def _padded_kv_writes(self, owner, dispatch, run, every, live_slots) -> int:
-        """How many first-layer KV rows live requests own change with the poison.
-
-        Owned: the live rows' context (written before this forward) and the
-        slots the live tokens write now. A live token's first-layer key and
-        value depend on its own inputs alone, so under either poison they are
-        the same unless a padded token wrote over them."""
-        b = owner.buffers
-        n = dispatch.num_reqs
-        starts, ends = b["query_start_loc"][:n], b["query_start_loc"][1: n + 1]
-        context = (b["seq_lens"][:n] - (ends - starts)).clamp(min=0)     # positions written before this forward
-        width = int(context.max()) if n else 0
-        slots = live_slots
-        if width:
-            positions = torch.arange(width, device=b.device)
-            block_size = self.block_size
-            blocks = b["block_table"][:n].gather(1, (positions // block_size).unsqueeze(0).expand(n, -1))
-            before = (blocks * block_size + positions % block_size)[positions.unsqueeze(0) < context.unsqueeze(1)]
-            slots = torch.cat([before, live_slots])
-        if slots.numel() == 0:
-            return 0
-        layer0 = (owner.kv_cache.keys[0], owner.kv_cache.values[0])
-
-        def owned(regions):
-            run(regions)
-            return [c.index_select(0, slots) for c in layer0]
-        a, bb = owned([]), owned(every)
-        changed = torch.zeros(slots.shape[0], dtype=torch.bool, device=slots.device)
-        for x, y in zip(a, bb):
-            changed |= (bits(x) != bits(y)).reshape(slots.shape[0], -1).any(dim=1)
-        return int(changed.sum())
-
     def _run(self, owner, dispatch, fn, meta, pre: PreState, every: list[Region], b_regions: list[Region],
-             repair: list[str] = ()):
+             repair: list[str] = (), watch=None):
         """Restore the pre-state, set `repair`'s padded entries to their pad values, poison (B in
-        `b_regions`, A elsewhere), run, and read the live outputs."""
+        `b_regions`, A elsewhere), run (under `watch`, a recorder, when given), and read the live outputs."""
         pre.restore()
         restore_contract(owner.buffers, dispatch, repair)
         b_set = {(r.buffer, r.kind) for r in b_regions}
@@ -258,7 +245,8 @@ class PaddingProbe:
         for region in b_regions:
             if region.kind == "inert":
                 self._poison(owner, dispatch, region, "B")
-        result = fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
+        with watch if watch is not None else nullcontext():
+            result = fn(dispatch.num_tokens_padded, dispatch.num_reqs_padded, meta)
         return live_outputs(owner, dispatch, result, pre.live_rows), result
 
     def _poison(self, owner, dispatch, region: Region, pattern: str) -> None:

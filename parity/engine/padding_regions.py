@@ -192,3 +192,35 @@ def advance_origin(owner, dispatch, meta) -> tuple[list[str], list[str]]:
                         f"{inert[name].inert_value(dispatch.num_tokens)} every padded entry stays inert: "
                         f"the registered pad value of {name} makes padded rows live")
     return fixes, evidence
+
+
+def padded_kv_writes(owner, dispatch, run, every, live_slots, block_size: int) -> int:
+    """How many first-layer KV rows live requests own change with the poison.
+
+    Owned: the live rows' context (written before this forward) and the
+    slots the live tokens write now. A live token's first-layer key and
+    value depend on its own inputs alone, so under either poison they are
+    the same unless a padded token wrote over them."""
+    b = owner.buffers
+    n = dispatch.num_reqs
+    starts, ends = b["query_start_loc"][:n], b["query_start_loc"][1: n + 1]
+    context = (b["seq_lens"][:n] - (ends - starts)).clamp(min=0)     # positions written before this forward
+    width = int(context.max()) if n else 0
+    slots = live_slots
+    if width:
+        positions = torch.arange(width, device=b.device)
+        blocks = b["block_table"][:n].gather(1, (positions // block_size).unsqueeze(0).expand(n, -1))
+        before = (blocks * block_size + positions % block_size)[positions.unsqueeze(0) < context.unsqueeze(1)]
+        slots = torch.cat([before, live_slots])
+    if slots.numel() == 0:
+        return 0
+    layer0 = (owner.kv_cache.keys[0], owner.kv_cache.values[0])
+
+    def owned(regions):
+        run(regions)
+        return [c.index_select(0, slots) for c in layer0]
+    a, bb = owned([]), owned(every)
+    changed = torch.zeros(slots.shape[0], dtype=torch.bool, device=slots.device)
+    for x, y in zip(a, bb):
+        changed |= (bits(x) != bits(y)).reshape(slots.shape[0], -1).any(dim=1)
+    return int(changed.sum())

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from parity.analysis.yardstick import Yardstick
+from parity.diagnose.routing import Routes
 from parity.engine.config import EngineConfig
 from parity.engine.overlap import OverlapEngine
 from parity.engine.padding_probe import PaddingProbe
@@ -148,7 +149,7 @@ def run_reference(pair, scenario: Scenario, mode: str, name: str, device: torch.
         # The probe outlives the run (its summary is read after): it must not keep the engine alive.
         held = weakref.ref(engine)
         probe = (PaddingProbe(lambda: held().free_blocks(), engine.config.block_size, lambda: held().step,
-                              inert_reads) if poison else None)
+                              inert_reads, Routes()) if poison else None)
         if probe is not None:
             probes.append(probe)
         install_padded_reference(engine, mode, scenario.capture_sizes, scenario.drafter_mode, poison=poison,
