@@ -18,8 +18,12 @@ dimension, as the buffer's registered index kind (per token or per row) says.
   routed those rows to poisoned elements.
 
 Ops read: writes as `parity.audit.padded_writes` reads them; reads
-`index_select`, `gather` and advanced indexing with a leading index. An index
-computed inside the forward (not a view of a registry buffer) is not named.
+`index_select`, `gather` and advanced indexing with a leading index. A write
+whose index is computed inside the forward (not a view of a registry buffer)
+has no buffer to blame for its routing: when its padded rows overwrite live
+rows' elements of a registry buffer, that buffer is named (where the padded
+rows' values land, by PADDING_LEAK's definition); its batch rows are known when
+its length is the padded token or row count. Such a read is not named.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class Access:
     op: str
     write: bool
     tensor: int                      # storage of the tensor written or read
-    index: str                       # the registry buffer that supplied the index
+    index: str | None                # the registry buffer that supplied the index (None: computed in the forward)
     flat: torch.Tensor               # each index element's target; leading dimension = batch row
     values: torch.Tensor | None      # a read's values, leading dimension = batch row
 
@@ -66,8 +70,12 @@ class Recorder(RegionAware):
         kwargs = kwargs or {}
         found = None if in_region() else targets(func, args, kwargs)
         write = None
-        if found is not None and found[2] is not None and self._name(found[1]) is not None:
-            write = Access(str(func), True, found[0].untyped_storage().data_ptr(), self._name(found[1]), found[2], None)
+        if found is not None and found[2] is not None:
+            storage = found[0].untyped_storage().data_ptr()
+            index = self._name(found[1])
+            # NOTE: an index computed in the forward is kept where it writes a registry buffer (named then).
+            if index is not None or storage in self.names:
+                write = Access(str(func), True, storage, index, found[2], None)
         out = func(*args, **kwargs)
         if write is not None:
             self.accesses.append(write)
@@ -102,22 +110,33 @@ def live_rows(buffers, name: str, dispatch, rows: int) -> int | None:
     return spec.used(dispatch.num_tokens, dispatch.num_reqs).stop
 
 
+def computed_live_rows(dispatch, rows: int) -> int | None:
+    """How many leading entries of a `rows`-long index computed in the forward are live rows: its length is the
+    padded token count or the padded row count (None when it is neither, or both with other live counts)."""
+    live = {n for padded, n in ((dispatch.num_tokens_padded, dispatch.num_tokens),
+                                (dispatch.num_reqs_padded, dispatch.num_reqs)) if padded == rows}
+    return live.pop() if len(live) == 1 else None
+
+
 def overwrites(recorder: Recorder, buffers, dispatch, persistent: dict[int, str]) -> tuple[list[str], list[str],
                                                                                       list[str]]:
-    """(index buffers, tensors written, evidence) of every write whose padded rows target an element a live row
-    targets."""
+    """(buffers named, tensors written, evidence) of every write whose padded rows target an element a live row
+    targets: its index buffer, or, for an index computed in the forward, the registry buffer it writes."""
     names, written, evidence = [], [], []
     for a in (a for a in recorder.accesses if a.write):
         padded = a.flat.shape[0]
-        valid = live_rows(buffers, a.index, dispatch, padded)
+        valid = (live_rows(buffers, a.index, dispatch, padded) if a.index is not None
+                 else computed_live_rows(dispatch, padded))
         hit = overlap(a.flat, valid, padded) if valid is not None and valid < padded else None
         if hit is None:
             continue
-        names += [a.index] if a.index not in names else []
-        label = persistent.get(a.tensor, "a tensor")
+        label = persistent.get(a.tensor) or recorder.names.get(a.tensor, "a tensor")
+        name = a.index if a.index is not None else label
+        names += [name] if name not in names else []
         written += [label] if label not in written else []
+        route = f"of {a.index}" if a.index is not None else "of an index computed in the forward"
         evidence.append(f"{a.op} writing {label}: the padded rows {valid}..{padded - 1} "
-                        f"of {a.index} target {hit[0]} element(s) a live row of the same write targets (element "
+                        f"{route} target {hit[0]} element(s) a live row of the same write targets (element "
                         f"{hit[1]}): padded rows write over live rows, whatever pad value the registry declares")
     if names:
         evidence.append("told from the write's indices alone, before any re-run: on CUDA which of two writes to one "
