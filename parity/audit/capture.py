@@ -10,10 +10,11 @@ experiments are pushed as `internal`: nothing is audited inside them.
 from __future__ import annotations
 
 import contextlib
-import gc
 from dataclasses import dataclass, field
 
 import torch
+
+from parity.graphs.collector import paused_gc  # noqa: F401 (the audit's captures pause it too)
 
 
 @dataclass
@@ -72,23 +73,6 @@ def capturing(graph, internal: bool = False):
 def internal(graph):
     """A capture the audit makes for itself: never audited."""
     return capturing(graph, internal=True)
-
-
-@contextlib.contextmanager
-def paused_gc():
-    """No cyclic garbage collection inside a CUDA capture.
-
-    An audited graph and its engine reference each other (graph.replay -> audit
-    -> fn -> engine -> graph), so dead ones wait for the cyclic collector; a
-    graph destroyed while another capture is open invalidates that capture.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def cuda_capturing() -> bool:

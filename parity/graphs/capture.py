@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from parity.graphs.collector import paused_gc
 from parity.models.paged_attention import attention_core, one_forward, split_at_attention
 
 
@@ -66,8 +67,9 @@ class CapturedGraph:
 
 
 @torch.no_grad()
+@paused_gc()
 def capture(backend, pool, fn, piecewise: bool, weak_outputs: bool = True) -> CapturedGraph:
-    """Capture `fn()` (which returns a tuple of tensors) on `backend` into `pool`."""
+    """Capture `fn()` (which returns a tuple of tensors) on `backend` into `pool`, the cyclic collector paused."""
     segments: list = []
     calls: list[AttentionCall] = []
     state = {"handle": backend.begin(pool)}
