@@ -17,6 +17,8 @@ import importlib.util
 
 import torch
 
+from parity.models.direct_op import DirectOp
+
 # Whether the CUDA implementations are Triton kernels (this module's and `paged_attention`'s).
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -34,17 +36,21 @@ def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return weight * h.to(dtype)
 
 
-@torch.library.custom_op("parity::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x [T, h]."""
     return _torch_rms_norm(x, weight, eps)
 
 
-@torch.library.custom_op("parity::add_rms_norm", mutates_args=())
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+rms_norm = DirectOp("parity::rms_norm", _rms_norm)
+
+
+def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(residual + x), residual + x): a layer's residual add and the norm after it."""
     return _torch_add_rms_norm(x, residual, weight, eps)
+
+
+add_rms_norm = DirectOp("parity::add_rms_norm", _add_rms_norm)
 
 
 def _torch_add_rms_norm(x, residual, weight, eps):
@@ -63,10 +69,12 @@ def _torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return (x * cos) + (_rotate_half(x) * sin)
 
 
-@torch.library.custom_op("parity::rope", mutates_args=())
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, D] rotated by cos/sin [T, D]; q and k go in as one [T, H + KVH, D]."""
     return _torch_rope(x, cos, sin)
+
+
+rope = DirectOp("parity::rope", _rope)
 
 
 def _torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -75,10 +83,12 @@ def _torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(x[:, :width]) * x[:, width:]
 
 
-@torch.library.custom_op("parity::silu_and_mul", mutates_args=())
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for x [T, 2I] = [gate | up] (the fused gate_up projection's output)."""
     return _torch_silu_and_mul(x)
+
+
+silu_and_mul = DirectOp("parity::silu_and_mul", _silu_and_mul)
 
 
 if HAS_TRITON:

@@ -61,6 +61,7 @@ import torch
 from transformers import AttentionInterface
 
 from parity.models import fused_ops
+from parity.models.direct_op import DirectOp
 from parity.models.attention_tiles import (ForwardLayout, TilePlan, forward_layout, plan_tiles, tree_bounds,
                                           tree_hidden, window_lo)
 
@@ -163,8 +164,7 @@ def _layout(meta, plan: TilePlan) -> ForwardLayout:
     return shared[key][1]
 
 
-@torch.library.custom_op("parity::paged_attend", mutates_args=())
-def paged_attend(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_tokens: torch.Tensor,
+def _paged_attend(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_tokens: torch.Tensor,
                  target: torch.Tensor, blocks: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor | None,
                  scaling: float, tile_len: int, chunk_blocks: int, block_size: int,
                  tree_base: torch.Tensor | None = None, tree_bits: torch.Tensor | None = None) -> torch.Tensor:
@@ -176,6 +176,9 @@ def paged_attend(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """
     return torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling, tile_len,
                               chunk_blocks, block_size, tree_base, tree_bits)
+
+
+paged_attend = DirectOp("parity::paged_attend", _paged_attend)
 
 
 def torch_paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, scaling: float, tile_len: int,
