@@ -33,17 +33,19 @@ def _is_greedy(temperature: float) -> bool:
     return float(temperature) <= 0.0
 
 
-def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+def _one_hot(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     # scatter instead of F.one_hot: one_hot range-checks its input on the host.
     out = torch.zeros_like(logits, dtype=torch.float32)
-    return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return out.scatter_(-1, ids.unsqueeze(-1), 1.0)
 
 
-def draft_distribution(draft_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def draft_distribution(draft_logits: torch.Tensor, temperature: float,
+                       argmax: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution the drafter samples from: softmax(logits / T), or a
-    one-hot of the argmax when greedy. [N, V] -> float32 [N, V]."""
+    one-hot of the argmax when greedy (`argmax`: the logits' argmax [N] when
+    the caller has it, e.g. the greedy draft tokens). [N, V] -> float32 [N, V]."""
     if _is_greedy(temperature):
-        return _one_hot_argmax(draft_logits)
+        return _one_hot(draft_logits, draft_logits.argmax(-1) if argmax is None else argmax)
     return torch.softmax(draft_logits.to(torch.float32) / temperature, dim=-1)
 
 
