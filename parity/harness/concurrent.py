@@ -28,6 +28,7 @@ from multiprocessing.connection import wait
 
 import torch
 
+from parity.harness import warm
 from parity.harness.concurrency import Concurrency, Job
 from parity.harness.run_context import NotSendable, RunContext
 from parity.harness.workers import Worker
@@ -38,7 +39,8 @@ MEMORY_FIELDS = ("baseline_bytes", "peak_bytes", "peak_reserved_bytes", "reserve
 class RunPool:
     def __init__(self, concurrency: Concurrency, device: torch.device, jobs: list[Job]):
         self.concurrency, self.device, self.jobs = concurrency, torch.device(device), jobs
-        self.workers = [Worker(i) for i in range(concurrency.jobs)] if concurrency.concurrent else []
+        self.workers = [Worker(i, warm.take()) for i in range(concurrency.jobs)] if concurrency.concurrent else []
+        warm.release()      # workers started with the process that this session does not use
 
     def __enter__(self):
         return self

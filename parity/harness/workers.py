@@ -55,13 +55,17 @@ def sendable(*objects) -> str | None:
 class Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, started=None):
+        """`started`: (process, pipe) of a worker already spawned (`warm.py`); else one is spawned now."""
         self.index = index
-        mp = torch.multiprocessing.get_context("spawn")
-        self.conn, child = mp.Pipe()
-        self.process = mp.Process(target=serve, args=(child,), name=f"parity-worker-{index}", daemon=True)
-        self.process.start()
-        child.close()
+        if started is not None:
+            self.process, self.conn = started
+        else:
+            mp = torch.multiprocessing.get_context("spawn")
+            self.conn, child = mp.Pipe()
+            self.process = mp.Process(target=serve, args=(child,), name=f"parity-worker-{index}", daemon=True)
+            self.process.start()
+            child.close()
         self.job: str | None = None
         self.ready = False
 
