@@ -84,7 +84,7 @@ OPTIONS = {
                                     _finite_at_least(0, False)),
     "--seed": (lambda f, v: _run_tiny(f, f"--seed={v}"), _whole(0, (1 << 63) - 1)),
     "--modes": (lambda f, v: _run_tiny(f, modes=v), _modes),
-    "--iters": (lambda f, v: ["bench", "--skip", "latency,parity,bisect,audit,alarms", "--json",
+    "--iters": (lambda f, v: ["bench", "--skip", "latency,parity,bisect,audit,alarms,analysis", "--json",
                               str(f / "bench.json"), f"--iters={v}"], _whole(1, 1 << 20)),
     "--num-drafts": (lambda f, v: ["import", str(VLLM_FILES[-1]), f"--num-drafts={v}"], _whole(1, 1 << 53)),
 }

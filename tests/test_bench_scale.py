@@ -126,7 +126,7 @@ def bench(tmp_path, *args) -> dict:
 def test_default_bench_latency_parity_and_a_bisection(tmp_path):
     """The bisection on one fault (its time is a benchmark figure, not asserted here; `make bench` bisects every
     fault)."""
-    report = bench(tmp_path, "--skip", "audit,alarms", "--iters", "5", "--faults", "reassign-seq-lens")
+    report = bench(tmp_path, "--skip", "audit,alarms,analysis", "--iters", "5", "--faults", "reassign-seq-lens")
     assert set(report) >= {"latency", "parity", "bisect"}
     assert [(r["fault"], r["kind"]) for r in report["bisect"]] == [("reassign-seq-lens", "BUFFER_REASSIGNED")]
 
@@ -136,7 +136,8 @@ def test_default_bench_audit_and_false_alarms(tmp_path):
     """Every shipped scenario, one seed, in every graph mode: the verdicts pass while the padded references move
     against eager (the run the one-scenario false-alarm test made before is one of these rows)."""
     report = bench(tmp_path, "--skip", "latency,parity,bisect", "--alarm-requests", "2", "--alarm-tokens", "8")
-    assert set(report) >= {"audit", "alarms"}
+    assert set(report) >= {"audit", "alarms", "analysis"}
+    assert report["analysis"]["runs"] == 8 and report["analysis"]["requests"] == 32    # the 8B session's shape
     alarms = report["alarms"]
     assert alarms["mode_runs"] == 4 * len(shipped_scenarios()) and alarms["false_alarms"] == 0
     assert max(r["max_abs_logprob_diff"] for r in alarms["rows"] if r["scenario"] == "default") > 0, \

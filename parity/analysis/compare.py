@@ -20,8 +20,9 @@ import pandas as pd
 from parity.analysis import stats
 from parity.analysis.draft_parity import draft_parity
 from parity.analysis.metrics import Acceptance, acceptance, wilson_interval
-from parity.analysis.numerics import Numerics, numerics, parted_streams, stream_splits
+from parity.analysis.numerics import Numerics, numerics
 from parity.analysis.reference_parity import ReferenceParity, describe, reference_parity
+from parity.analysis.streams import parted_streams, same_context, stream_splits
 from parity.errors import ParityInputError
 
 EAGER = "eager"
@@ -63,24 +64,20 @@ class ModeComparison:
 
 def _divergences(ref: pd.DataFrame, other: pd.DataFrame, window: int = 6) -> list[Divergence]:
     found = []
-    for req_id, ref_rows, mode_rows, first in parted_streams(ref, other):
-        a, b = ref_rows["token"].tolist(), mode_rows["token"].tolist()
-        lo = max(0, first - window)
-
-        def step_at(rows, i):
-            return int(rows["step"].iloc[i]) if i < len(rows) else -1
-
-        pos = int(ref_rows["position"].iloc[first]) if first < len(ref_rows) else -1
-        found.append(Divergence(int(req_id), first, pos, step_at(ref_rows, first), step_at(mode_rows, first),
-                                a[lo:first + window], b[lo:first + window], lo))
+    for p in parted_streams(ref, other):
+        i, lo = p.index, max(0, p.index - window)
+        a, b = p.firsts("token"), p.seconds("token")
+        pos, step_ref = (int(p.firsts("position")[i]), int(p.firsts("step")[i])) if i < len(a) else (-1, -1)
+        step_mode = int(p.seconds("step")[i]) if i < len(b) else -1
+        found.append(Divergence(p.req_id, i, pos, step_ref, step_mode, a[lo:i + window].tolist(),
+                                b[lo:i + window].tolist(), lo))
     return found
 
 
 def _logprob_deltas(ref: pd.DataFrame, other: pd.DataFrame, splits: dict) -> tuple[float, float, dict | None]:
     """|Δ logprob| of emitted tokens whose context is the same in both runs."""
     merged = ref.merge(other, on=["req_id", "output_index"], suffixes=("_ref", "_mode"))
-    limit = merged["req_id"].map(lambda r: splits[r]["output_index"] if r in splits else 1 << 62)
-    merged = merged[merged["output_index"] < limit]
+    merged = merged[same_context(merged, splits)]
     if merged.empty:
         return 0.0, 0.0, None
     # NOTE: NaN against a number is as far apart as two logprobs get (eager's are finite: compare_runs checks).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 
@@ -29,12 +30,21 @@ class DraftParity:
 
 
 def _chains(drafts: pd.DataFrame) -> dict[tuple[int, int], list[tuple]]:
+    """(request, position of draft 0) -> the proposal's (draft token, draft logprob, target logprob, draft gap)
+    in draft order; of two proposals at one key, the one whose first record comes later wins."""
+    if drafts.empty:
+        return {}
+    # One stable sort: proposals in order of first appearance, each in draft order.
+    proposal = drafts.groupby(["req_id", "step"], sort=False).ngroup().to_numpy()
+    order = np.lexsort((drafts["draft_index"].to_numpy(), proposal))
+    starts = np.flatnonzero(np.diff(proposal[order], prepend=-1)).tolist()
+    ends = starts[1:] + [len(order)]
+    req, position = (drafts[c].to_numpy()[order][starts].tolist() for c in ("req_id", "position"))
+    columns = [drafts[c].to_numpy()[order].tolist()
+               for c in ("draft_token", "draft_logprob", "target_logprob", "draft_top2_gap")]
     chains: dict = {}
-    for (req_id, step), rows in drafts.groupby(["req_id", "step"], sort=False):
-        rows = rows.sort_values("draft_index")
-        key = (int(req_id), int(rows["position"].iloc[0]))
-        chains[key] = list(zip(rows["draft_token"].tolist(), rows["draft_logprob"].tolist(),
-                               rows["target_logprob"].tolist(), rows["draft_top2_gap"].tolist()))
+    for r, p, start, end in zip(req, position, starts, ends):
+        chains[(int(r), int(p))] = list(zip(*(c[start:end] for c in columns)))
     return chains
 
 

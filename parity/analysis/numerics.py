@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from parity.analysis.draft_parity import draft_parity
+from parity.analysis.streams import same_context, stream_splits
 
 MAX_LISTED = 20
 
@@ -50,31 +51,9 @@ class Numerics:
         return self.noise > self.bound
 
 
-def parted_streams(first: pd.DataFrame, second: pd.DataFrame):
-    """(req_id, first's rows, second's rows, index of the first differing emitted token) per request whose
-    token streams differ, rows in output order."""
-    for req_id, rows in first.groupby("req_id"):
-        a = rows.sort_values("output_index")
-        b = second[second.req_id == req_id].sort_values("output_index")
-        ta, tb = a["token"].tolist(), b["token"].tolist()
-        if ta != tb:
-            yield req_id, a, b, next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
-
-
-def stream_splits(eager: pd.DataFrame, other: pd.DataFrame) -> dict[int, dict]:
-    """Per request whose tokens differ: the first differing emitted token, in both runs."""
-    splits = {}
-    for req_id, a, _, i in parted_streams(eager, other):
-        row = a.iloc[min(i, len(a) - 1)]
-        splits[int(req_id)] = {"req_id": int(req_id), "output_index": i, "position": int(row["position"]),
-                               "step": int(row["step"]), "eager_gap": float(row["top2_gap"]) if i < len(a) else None}
-    return splits
-
-
 def _same_context_logprob_diff(eager: pd.DataFrame, other: pd.DataFrame, splits: dict) -> float:
     merged = eager.merge(other, on=["req_id", "output_index"], suffixes=("_e", "_o"))
-    limit = merged["req_id"].map(lambda r: splits[r]["output_index"] if r in splits else 1 << 62)
-    merged = merged[merged["output_index"] < limit]
+    merged = merged[same_context(merged, splits)]
     return float((merged.logprob_e - merged.logprob_o).abs().max()) if len(merged) else 0.0
 
 

@@ -11,10 +11,12 @@ earliest in engine steps.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
+
+from parity.analysis.same_values import differs, plain, same
 
 # table -> (keys that align rows, fields compared bit for bit)
 TABLES = {
@@ -38,55 +40,57 @@ class ReferenceParity:
                 "rows_differing": self.rows_differing, "first_difference": self.first_difference}
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-        return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b) and all(
-            _same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b
-
-
-def _plain(value):
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    return value.item() if hasattr(value, "item") else value
-
-
-def _differences(table: str, mode: pd.DataFrame, reference: pd.DataFrame) -> tuple[int, list[dict]]:
+def _differences(table: str, mode: pd.DataFrame, reference: pd.DataFrame) -> tuple[int, int, dict | None]:
+    """Rows compared, rows differing and the earliest difference (in engine steps) of one table."""
     keys, fields = TABLES[table]
     merged = mode.merge(reference, on=list(keys), how="outer", suffixes=("_mode", "_ref"), indicator="side")
     integral = {f for f in fields if pd.api.types.is_integer_dtype(mode[f]) or pd.api.types.is_bool_dtype(mode[f])}
-    found = []
-    for row in merged.itertuples(index=False):
-        row = row._asdict()
-        where = {k: int(row[k]) for k in keys}
-        if row["side"] != "both":
-            side = "reference" if row["side"] == "left_only" else "mode"
-            found.append({"table": table, **where, "field": f"row missing in the {side} run",
-                          "mode_value": None, "reference_value": None})
-            continue
-        for f in fields:
-            a, b = _plain(row[f"{f}_mode"]), _plain(row[f"{f}_ref"])
-            if f in integral:   # an outer merge turns integer columns into floats
-                a, b = int(a), int(b)
-            if not _same(a, b):
-                found.append({"table": table, **where, "position": int(row["position_mode"]), "field": f,
-                              "mode_value": a, "reference_value": b})
-                break
-    return len(merged), found
+    differing = (merged["side"] != "both").to_numpy(copy=True)
+    pending = np.flatnonzero(~differing)
+    for f in fields:            # a row's first differing field ends its comparison
+        if not len(pending):
+            break
+        bad = differs(merged[f"{f}_mode"], merged[f"{f}_ref"], pending, f in integral)
+        differing[pending[bad]] = True
+        pending = pending[~bad]
+    rows = np.flatnonzero(differing)
+    if not len(rows):
+        return len(merged), 0, None
+    # the earliest by (step, request, index), the first in merged order among equals
+    step, req, index = (merged[k].to_numpy()[rows].astype(np.int64) for k in keys)
+    earliest = rows[np.lexsort((index, req, step))[0]]
+    return len(merged), len(rows), _difference(table, merged.iloc[[earliest]], integral)
+
+
+def _difference(table: str, row: pd.DataFrame, integral: set) -> dict:
+    """What differs in one row of the outer merge: a side missing, or its first differing field."""
+    keys, fields = TABLES[table]
+    row = next(row.itertuples(index=False))._asdict()
+    where = {k: int(row[k]) for k in keys}
+    if row["side"] != "both":
+        side = "reference" if row["side"] == "left_only" else "mode"
+        return {"table": table, **where, "field": f"row missing in the {side} run",
+                "mode_value": None, "reference_value": None}
+    for f in fields:
+        a, b = plain(row[f"{f}_mode"]), plain(row[f"{f}_ref"])
+        if f in integral:   # an outer merge turns integer columns into floats
+            a, b = int(a), int(b)
+        if not same(a, b):
+            return {"table": table, **where, "position": int(row["position_mode"]), "field": f,
+                    "mode_value": a, "reference_value": b}
+    raise AssertionError(f"{table} row {where} was found to differ but no field differs")
 
 
 def reference_parity(run, reference, name: str) -> ReferenceParity:
     """Compare two RunResults record by record, bit for bit."""
-    compared, found = 0, []
+    compared, differing, found = 0, 0, []
     for table in TABLES:
-        n, diffs = _differences(table, getattr(run, table), getattr(reference, table))
-        compared += n
-        found += diffs
+        n, d, first = _differences(table, getattr(run, table), getattr(reference, table))
+        compared, differing = compared + n, differing + d
+        found += [first] if first else []
     first = min(found, key=lambda d: (d["step"], d["table"] != "tokens", d["req_id"],
                                       d.get("output_index", d.get("draft_index", 0)))) if found else None
-    return ReferenceParity(name, not found, compared, len(found), first)
+    return ReferenceParity(name, not differing, compared, differing, first)
 
 
 def describe(d: dict) -> str:

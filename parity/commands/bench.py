@@ -1,6 +1,6 @@
-"""`parity bench`: latency ratios, `make parity`'s wall time, bisection cost, the audit's overhead and the
-clean engine's false alarms under padding numerics; `parity bench false-alarms` (the gate's rates) and
-`parity bench scale` (a real-shape pair on a GPU)."""
+"""`parity bench`: latency ratios, `make parity`'s wall time, bisection cost, the audit's overhead, the
+clean engine's false alarms under padding numerics and the analysis stage's seconds at the 8B session's size;
+`parity bench false-alarms` (the gate's rates) and `parity bench scale` (a real-shape pair on a GPU)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from parity.builders.synth.build import synthesize
 from parity.builders.synth.spec import SHAPES, TARGET_FOLDER, SynthRequest
 from parity.report.bench import alarms_line, audit_line
 
-STEPS = ("latency", "parity", "bisect", "audit", "alarms")
+STEPS = ("latency", "parity", "bisect", "audit", "alarms", "analysis")
 
 
 def register(sub) -> None:
@@ -74,7 +74,7 @@ def main(args) -> int:
                                f"(`parity faults list` has them)")
     report: dict = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     for step, run in (("latency", _latency), ("parity", _parity), ("bisect", _bisect), ("audit", _audit),
-                      ("alarms", _alarms)):
+                      ("alarms", _alarms), ("analysis", _analysis)):
         if step not in skip:
             report[step] = run(args)
     if torch.cuda.is_available():
@@ -133,6 +133,13 @@ def _alarms(args) -> dict:
                                   model=f"synthetic {args.alarm_shape}")
     console().print("\n" + alarms_line(result), highlight=False)
     return result
+
+
+def _analysis(args) -> dict:
+    r = bench.time_analysis()
+    print(f"\nanalysis (compare_runs) of {r['requests']} requests x {r['tokens']} tokens, {r['runs']} runs "
+          f"({r['scenario']}, synthetic records): {r['seconds']} s, best of 3")
+    return r
 
 
 def _bisection_cases(names=()) -> list[tuple[str, Path, str]]:

@@ -6,6 +6,8 @@
    each graph mode run interleaved in one loop so the ratios share conditions.
 2. The wall time of the default scenario in every mode (what `make parity` runs).
 3. Given faults bisected on their home scenario: seconds and replays.
+4. The analysis stage (`compare_runs`) of a session shaped like the 8B llama3-eagle one: every mode, its
+   references parted from eager in half the requests, on records synthesised at the scenario's size.
 
 Computes and returns plain rows; `parity bench` prints them.
 """
@@ -20,15 +22,21 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
 import torch
 
+from parity.analysis.compare import compare_runs
 from parity.engine.config import EngineConfig
 from parity.engine.metadata import RowPlan
+from parity.engine.records import DRAFT_COLUMNS, FORWARD_COLUMNS, TOKEN_COLUMNS, RunResult
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.graphs.descriptor import PHASES
 from parity.graphs.factory import install_graphs, uninstall
+from parity.harness.modes import ModeRun, RunSet, reference_names
 from parity.harness.release import reclaim
 from parity.harness.request import RunRequest
+from parity.harness.scenario import load_scenario
 from parity.harness.session import run_session
 
 BATCHES = (1, 8, 32)
@@ -159,3 +167,51 @@ def time_bisection(cases, backend: str, budget: int) -> list[dict]:
                      "seconds": round(seconds, 2), "bisect_seconds": timing.get("bisect_seconds"),
                      "replays": d["replays"], "budget": budget})
     return rows
+
+
+def synthetic_records(requests: int, tokens: int, k: int, seed: int) -> RunResult:
+    """A greedy run's records at this size: each step a request drafts K tokens and emits 1 + those accepted."""
+    rng = np.random.default_rng(seed)
+    emitted, drafted = [], []
+    for req in range(requests):
+        index, step = 0, 0
+        while index < tokens:
+            accepted = int(rng.integers(0, k + 1))
+            lps = np.sort(rng.uniform(-5, 0, 5))[::-1].tolist()
+            drafted += [(step, req, j, 40 + index + j, int(rng.integers(0, 32000)), -0.5, 1.0, 7, lps[0],
+                         list(range(5)), lps, j < accepted, accepted) for j in range(k)]
+            emitted += [(req, step, i, 40 + i, int(rng.integers(0, 32000)), float(rng.uniform(-3, 0)), 1.0)
+                        for i in range(index, min(tokens, index + accepted + 1))]
+            index, step = index + accepted + 1, step + 1
+    return RunResult(pd.DataFrame(drafted, columns=DRAFT_COLUMNS), pd.DataFrame(emitted, columns=TOKEN_COLUMNS),
+                     pd.DataFrame(columns=FORWARD_COLUMNS), {}, 0, 0, 0)
+
+
+def parted(result: RunResult, seed: int) -> RunResult:
+    """The same records parted from `result` in half the requests: another token from some index on."""
+    rng = np.random.default_rng(seed)
+    t, d = result.tokens.copy(), result.drafts.copy()
+    for req in rng.permutation(t.req_id.unique())[: t.req_id.nunique() // 2]:
+        at = int(rng.integers(0, (t.req_id == req).sum()))
+        t.loc[(t.req_id == req) & (t.output_index >= at), "token"] += 1
+        d.loc[(d.req_id == req) & (d.position >= 40 + at), "draft_token"] += 1
+    return RunResult(d, t, result.forwards, {}, 0, 0, 0)
+
+
+def time_analysis(scenario_path: str = "scenarios/llama3-eagle.yaml", repeats: int = 3) -> dict:
+    """Best-of seconds of `compare_runs` on every mode of the scenario and their references, at its size."""
+    scenario = load_scenario(scenario_path)
+    k, names = scenario.num_speculative_tokens, reference_names(scenario.modes, scenario)
+    eager = synthetic_records(scenario.num_requests, scenario.max_tokens, k, seed=0)
+    references = {name: ModeRun(name, parted(eager, i), "emulated", graph_replays=1)
+                  for i, name in enumerate(sorted(set(names.values())))}
+    runs = {"eager": ModeRun("eager", eager, "emulated"),
+            **{m: ModeRun(m, references[n].result, "emulated", graph_replays=1) for m, n in names.items()}}
+    runset = RunSet(runs, references, names)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        compare_runs(runset, scenario)
+        seconds.append(time.perf_counter() - start)
+    return {"scenario": scenario_path, "requests": scenario.num_requests, "tokens": scenario.max_tokens,
+            "runs": len(runs) + len(references), "seconds": round(min(seconds), 3)}
