@@ -18,7 +18,8 @@ import torch
 
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                     PADDING_LEAK)
-from parity.diagnose import descriptor, experiments, host_moves, padding, rebound, recapture, reproducible
+from parity.audit import repairs
+from parity.diagnose import descriptor, host_moves, padding, rebound, recapture, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
@@ -104,7 +105,7 @@ def test_the_absent_input_stage_names_the_write_a_graph_captured_without_its_inp
     monkeypatch.setattr(paged_attention, "write_kv",    # attention caches nothing when there are no slots
                         lambda k, v, slots, key, value: None if slots is None else write_kv(k, v, slots, key, value))
     lab = locate(EngineParts(target_builder=NoSlotsAtCapture, drafter_builder=NoSlotsAtCapture), random_pair)
-    assert experiments.stage(lab) is None and host_moves.stage(lab) is None
+    assert repairs.stage(lab) is None and host_moves.stage(lab) is None
     found = recapture.absent_inputs(lab)
     assert (found.kind, found.buffers) == (CAPTURE_CONTEXT, ["kv_cache", "slot_mapping"]), found.evidence
     assert "kv_cache" in lab.ref_writes and any("writes kv_cache; the captured graph never writes it" in line for line in found.evidence)
@@ -119,7 +120,7 @@ def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passe
     lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
     assert lab.entry is not None and lab.ev_g.phase == "verify"
     assert host_moves.stage(lab) is None, "no host value the forward moves differs"
-    found = experiments.stage(lab)
+    found = repairs.stage(lab)
     assert found is not None and found.kind == BUFFER_REASSIGNED and found.buffers == ["slot_mapping"], found
     assert "slot_mapping" in lab.reads and found.experiment.startswith("redirect slot_mapping")
     assert found.replays == lab.replays > 0
@@ -127,7 +128,7 @@ def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passe
 
 def test_the_host_stage_names_a_counter_the_forward_moves_and_the_repair_stage_rules_itself_out(random_pair):
     lab = locate(EngineParts(target_runner=ScheduledTarget), random_pair)
-    assert experiments.stage(lab) is None
+    assert repairs.stage(lab) is None
     assert lab.ruled_out == ["no tensor the reference reads differs from what the graph read"]
     assert rebound.piecewise_outputs(lab) is None and rebound.pointed_back(lab) is None
     found = host_moves.stage(lab)

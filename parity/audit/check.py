@@ -92,7 +92,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
                 pre.add_bytes(ptr, live, saved)
             replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
                                for ptr in eager.writes}
-            lab = ShadowLab(audit, roots, args, kwargs, pre, eager, moved)
+            lab = ShadowLab(audit, roots, args, kwargs, pre, eager, moved, found)
             diagnoses = _judge(audit, lab, replayed, shaped, started, watch.found if watch else [])
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.

@@ -12,26 +12,17 @@ from __future__ import annotations
 
 import time
 
-from parity.audit.cheap import Rebind, rank
+from parity.audit.cheap import Rebind
 from parity.audit.lab import ShadowLab
-from parity.audit.experiments import (Experiment, copy_experiment, group_copy_experiment, host_candidates,
-                                      host_experiments)
+from parity.audit.experiments import (Experiment, copy_experiment, copy_repairs, group_copy_experiment,
+                                      host_candidates, host_experiments)
 from parity.audit.state import Mismatch
 
 
 def _copies(lab: ShadowLab, rebinds: list[Rebind]) -> tuple[list[Experiment], list[str]]:
-    experiments, notes, seen = [], [], set()
-    for rebind in sorted(rebinds, key=rank):
-        key = (rebind.role.storage, rebind.role.address, id(rebind.live))
-        if key in seen:
-            continue
-        seen.add(key)
-        experiment = copy_experiment(lab, rebind, rebinds)
-        if experiment is None:
-            notes.append(f"not copied (no tensor of the captured shape and dtype): {rebind.describe()}")
-        else:
-            experiments.append(experiment)
-    return experiments, notes
+    lab.pre.restore()
+    repairs, notes = copy_repairs(rebinds)
+    return [copy_experiment(lab, repair) for repair in repairs], notes
 
 
 def run_experiments(lab: ShadowLab, rebinds: list[Rebind]) -> tuple[Experiment | None, list[Experiment], list[str]]:

@@ -17,11 +17,10 @@ and says whether bitwise parity with the reference comes back.
 - when `minimise` and no single one restores parity but all together do,
   delta debugging (`delta_debug.ddmin`) finds the smallest set that does.
 
-The bisector's repairs (`diagnose/experiments.py`: copy the live or the
-reference's values into what the graph read) are candidates too, of a forward
-known to diverge: there is no control to run, all repairs together must
-restore parity first (`together`), then each alone in order of specificity,
-then delta debugging.
+The repairs (`repairs.py`: copy the live or the reference's values into what
+the graph read) are candidates too, of a forward known to diverge: there is
+no control to run, all repairs together must restore parity first
+(`together`), then each alone in order of specificity, then delta debugging.
 """
 
 from __future__ import annotations

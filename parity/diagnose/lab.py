@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import torch
 
 from parity.diagnosis.record import Diagnosis
-from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, registry_of, restore
+from parity.diagnose.readset import storage_roles
+from parity.diagnose.repairs import repairs
+from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
 from parity.graphs.capture import capture
-from parity.graphs.manifest import object_tensors, role_name
 from parity.graphs.modes import PIECEWISE
 from parity.graphs.tp_agree import agree_all
 
@@ -74,16 +74,24 @@ class Divergence:
         result = engine.owner(event.owner).executor.execute(event.dispatch, self.forward(run), event.meta)
         return outputs(engine, event, result)
 
-    def run(self, change=None, graph=None) -> dict:
+    def run(self, change=None, graph=None, redirect=()) -> dict:
         """From the graph run's pre-state, `change()`, then the forward through its executor (`graph`: that graph
-        replayed on the live metadata instead); its outputs (`parity.audit.lab.Lab`)."""
+        replayed on the live metadata instead); what it wrote to each captured tensor of `redirect` ((captured,
+        live) pairs) is copied to the live one; its outputs (`parity.audit.lab.Lab`)."""
         self.restore()
         if change is not None:
             change()
-        if graph is None:
-            return self.rerun()
         self.replays += 1
-        return outputs(self.graph, self.ev_g, graph.replay(self.ev_g.meta))
+        returned = (graph.replay(self.ev_g.meta) if graph is not None
+                    else self.executor.execute(self.dispatch, self.forward(), self.ev_g.meta))
+        for captured, live in redirect:
+            live.copy_(captured)
+        return outputs(self.graph, self.ev_g, returned)
+
+    def repairs(self) -> list:
+        """What the graph read against what the live holders and the reference say it should read, as the
+        audit's `repairs.stage` takes them (`diagnose/repairs.py`)."""
+        return repairs(self)
 
     def recapture(self, overrides: dict | None = None, prepare=lambda: None, phase: str | None = None,
                   piecewise: bool | None = None, meta=None):
@@ -144,31 +152,3 @@ def run_stages(lab: Divergence, stages) -> Diagnosis | None:
         if found is not None:
             return found
     return None
-
-
-def storage_roles(engine, event) -> dict[int, list[tuple[str, str]]]:
-    """storage -> (role, holder) of every tensor the forward's owner can hand a kernel: its registry's buffers,
-    the metadata object's tensors (when not the same-named buffer's), its KV cache, its attributes."""
-    found: dict[int, list[tuple[str, str]]] = {}
-
-    def add(tensor, role, holder):
-        found.setdefault(tensor.untyped_storage().data_ptr(), []).append((role, holder))
-
-    registry = registry_of(engine, event.owner)
-    for name, tensor in registry.items():
-        add(tensor, name, "registry")
-    fields = [(f.name, getattr(event.meta, f.name)) for f in dataclasses.fields(event.meta)]
-    for name, value in fields:
-        held = registry[name] if name in registry else None
-        if isinstance(value, torch.Tensor) and (
-                held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
-            add(value, name, "metadata object")
-    cache = engine.owner(event.owner).kv_cache.tensors()
-    for tensor in cache:
-        add(tensor, "kv_cache", "kv cache")
-    taken = set(found)
-    for path, tensor in object_tensors(engine.owner(event.owner)):
-        if tensor.untyped_storage().data_ptr() not in taken:
-            taken.add(tensor.untyped_storage().data_ptr())
-            add(tensor, role_name(path), "object")
-    return found
