@@ -100,20 +100,21 @@ class NoSlotsAtCapture(MetadataBuilder):
         return meta
 
 
-def test_the_absent_input_stage_names_the_write_a_graph_captured_without_its_input_skips(random_pair, monkeypatch):
+def test_the_recapture_stage_names_the_write_a_graph_captured_without_its_input_skips(random_pair, monkeypatch):
     write_kv = paged_attention.write_kv
     monkeypatch.setattr(paged_attention, "write_kv",    # attention caches nothing when there are no slots
                         lambda k, v, slots, key, value: None if slots is None else write_kv(k, v, slots, key, value))
     lab = locate(EngineParts(target_builder=NoSlotsAtCapture, drafter_builder=NoSlotsAtCapture), random_pair)
     assert repairs.stage(lab) is None and host_moves.stage(lab) is None
-    found = recapture.absent_inputs(lab)
+    assert [v.name for v in lab.host_values() if v.absent] == ["slot_mapping"]
+    found = recapture.stage(lab)
     assert (found.kind, found.buffers) == (CAPTURE_CONTEXT, ["kv_cache", "slot_mapping"]), found.evidence
     assert "kv_cache" in lab.ref_writes and any("writes kv_cache; the captured graph never writes it" in line for line in found.evidence)
 
 
-def test_the_absent_input_stage_passes_when_nothing_was_absent_at_capture(random_pair):
+def test_the_lab_lists_no_absent_input_when_nothing_was_absent_at_capture(random_pair):
     lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
-    assert recapture.absent_inputs(lab) is None and lab.replays == 0
+    assert not any(v.absent for v in lab.host_values()) and lab.replays == 0
 
 
 def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passes(random_pair):

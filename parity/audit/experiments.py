@@ -9,10 +9,11 @@ shadow run's result, and undoes its change:
   buffer was stale (its storage is still the engine's persistent buffer) or
   reassigned (nothing reaches its storage any more).
 - host: re-capture the callable with every host value as it was at capture
-  except one at its live value, replay the new graph. A control re-capture
-  with all of them as captured must still differ, or host values cannot be
-  the cause (then a re-capture restoring parity means the graph baked some
-  other capture-time context).
+  except one at its live value, replay the new graph (`recaptures.py`, the
+  re-capture experiments both labs run). A control re-capture with all of them
+  as captured must still differ, or host values cannot be the cause (then a
+  re-capture restoring parity means the graph baked some other capture-time
+  context).
 """
 
 from __future__ import annotations
@@ -20,16 +21,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import torch
-
 from parity.audit.cheap import Rebind, moved_names, rank
-from parity.audit.one_variable import search
 from parity.audit.repairs import Repair, attempt
-from parity.graphs.roles import MISSING, Path, resolve
 from parity.audit.state import bit_equal
-from parity.audit.writes import absent_evidence, skipped_writes
-
-MAX_HOST_CANDIDATES = 16
 
 
 @dataclass
@@ -104,65 +98,3 @@ def group_copy_experiment(lab, rebinds: list[Rebind]) -> Experiment | None:
     names = sorted({(r.keeper or r.role).name for r, _ in usable})
     return Experiment(kind, f"copy the live values of all {len(usable)} moved roles into the captured buffers and "
                       "replay", names, restores)
-
-
-def host_candidates(lab) -> list[tuple[Path, object, object]]:
-    """(path, captured, live) for host values that changed since capture, and inputs absent at capture (None)
-    that hold a tensor now, shortest paths first."""
-    found, places = [], set()
-    for path, captured in sorted(lab.record.host.items(), key=lambda item: (item[0].depth(), str(item[0]))):
-        live = resolve(path, lab.roots)
-        absent = captured is None and isinstance(live, torch.Tensor)
-        if not absent and (live is MISSING or type(live) is not type(captured) or live == captured):
-            continue
-        # NOTE: one attribute reached by two paths is one host value.
-        place = (id(resolve(Path(path.root, path.steps[:-1]), lab.roots)), path.steps[-1] if path.steps else None)
-        if place not in places:
-            places.add(place)
-            found.append((path, captured, live))
-    return found[:MAX_HOST_CANDIDATES]
-
-
-def _restores(lab, overrides: dict) -> bool:
-    """Does a re-capture with `overrides` restore parity? False when the callable cannot be captured so."""
-    try:
-        return lab.matches(lab.run(graph=lab.recapture(overrides)))
-    except (RuntimeError, TypeError, AttributeError, ValueError, IndexError):
-        return False
-
-
-def host_experiments(lab, candidates) -> tuple[Experiment, list[Experiment]]:
-    """The control re-capture (every host value as captured, every input absent at capture absent), then one
-    re-capture per host value, or absent input, at its live value alone (`one_variable.search`)."""
-    captured = {path: value for path, value, _ in candidates}
-
-    def restores(subset) -> bool:
-        live = {path for path, _, _ in subset}
-        return _restores(lab, {p: v for p, v in captured.items() if p not in live})
-    found = search(candidates, restores)
-    control = Experiment("CAPTURE_CONTEXT", "re-capture with every host value as captured (control) and replay",
-                         [], found.control)
-    singles = []
-    for (path, was, now), restored in found.singles:
-        singles.append(_absent(lab, path, restored) if was is None else Experiment(
-            "FROZEN_AT_CAPTURE", f"re-capture with only {path} at its live value ({now!r}; captured {was!r}) "
-            "and replay", [str(path)], restored, evidence=_frozen_evidence(lab, path, was, now)))
-    return control, singles
-
-
-def _frozen_evidence(lab, path: Path, was, now) -> list[str]:
-    evidence = [f"{path}: captured {was!r}, live {now!r}: the graph replays the captured value"]
-    for moved_path, (a, b) in lab.moved.items():
-        if str(moved_path) == str(path):
-            evidence.append(f"{path} is advanced by the callable itself (run eagerly it moved {a!r} -> {b!r}): "
-                            "a replay runs no Python, so it neither reads the live value nor moves it")
-    return evidence
-
-
-def _absent(lab, path: Path, restores: bool) -> Experiment:
-    """An input that was None at capture and holds a tensor now: the code that reads it never ran at capture, so
-    the graph lacks its work (CAPTURE_CONTEXT, naming the writes the graph skips and the input)."""
-    skipped = skipped_writes(lab)
-    evidence = absent_evidence(str(path), skipped, "the eager run")
-    return Experiment("CAPTURE_CONTEXT", f"re-capture with only {path} present (its live tensor; None at "
-                      "capture) and replay", [*skipped, str(path)], restores, evidence=evidence)

@@ -22,6 +22,10 @@ which reference the lab compares with, nor how the lab names a tensor.
   owner the lab knows reaches it);
 - `repairs()`: the captured reads against the live reads, as `repairs.Unit`s
   (what `repairs.stage` tries);
+- `host_values()`: the host values that differ from capture, and inputs absent
+  then, as `recaptures.HostValue`s keyed as `recapture` takes them;
+  `skipped_writes()`: the names of what the reference writes and the graph
+  never does;
 - `diagnosis(kind, buffers, **found)`: the lab's record of a stage's verdict;
 - `replays`: every forward run so far to test a hypothesis; `ruled_out`: the
   experiments that did not restore parity, in order.
@@ -36,12 +40,16 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from parity.audit.experiments import copy_repairs
+from parity.audit.recaptures import HostValue
 from parity.audit.repairs import single
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.trace import storage_ptr
 from parity.diagnosis.record import Diagnosis
 from parity.graphs.host_state import restore_in
-from parity.graphs.roles import MISSING, assign, resolve, walk
+from parity.audit.writes import skipped_writes
+from parity.graphs.roles import MISSING, Path, assign, resolve, walk
+
+MAX_HOST_VALUES = 16
 
 
 @runtime_checkable
@@ -58,6 +66,10 @@ class Lab(Protocol):
     def name(self, tensor: torch.Tensor) -> str | None: ...
 
     def repairs(self) -> list: ...
+
+    def host_values(self) -> list: ...
+
+    def skipped_writes(self) -> list[str]: ...
 
     def diagnosis(self, kind: str, buffers, **found): ...
 
@@ -150,3 +162,23 @@ class ShadowLab:
         found["live_address"] = found.pop("live", None)
         found.setdefault("ruled_out", self.ruled_out)
         return Diagnosis(**self.audit._diagnosis(kind, list(buffers), replays=self.replays, **found))
+
+    def host_values(self) -> list[HostValue]:
+        """Host values that changed since capture, and inputs absent at capture (None) that hold a tensor now,
+        shortest paths first (one attribute reached by two paths is one host value)."""
+        found, places = [], set()
+        for path, captured in sorted(self.record.host.items(), key=lambda item: (item[0].depth(), str(item[0]))):
+            live = resolve(path, self.roots)
+            absent = captured is None and isinstance(live, torch.Tensor)
+            if not absent and (live is MISSING or type(live) is not type(captured) or live == captured):
+                continue
+            place = (id(resolve(Path(path.root, path.steps[:-1]), self.roots)), path.steps[-1] if path.steps else None)
+            if place not in places:
+                places.add(place)
+                moved = next((ab for p, ab in self.moved.items() if str(p) == str(path)), None)
+                found.append(HostValue(path, str(path), captured, live, moved))
+        return found[:MAX_HOST_VALUES]
+
+    def skipped_writes(self) -> list[str]:
+        """What the eager run writes and the captured graph never does (`writes.skipped_writes`)."""
+        return skipped_writes(self)

@@ -1,8 +1,8 @@
 """From "this replay differs from eager" to the one change that restores bitwise parity.
 
-Runs the experiments of `experiments.py` and picks the diagnosis: the most
-specific experiment that restores parity (a single buffer copied, then a
-single host value re-captured); when several do, the others are named in
+Runs the experiments of `experiments.py` and `recaptures.py` and picks the
+diagnosis: the most specific experiment that restores parity (a single buffer
+copied, then a single host value re-captured); when several do, the others are named in
 `also`; then all copies together; then the control re-capture
 (CAPTURE_CONTEXT); when none restores parity, UNEXPLAINED with everything
 that was ruled out.
@@ -14,8 +14,8 @@ import time
 
 from parity.audit.cheap import Rebind
 from parity.audit.lab import ShadowLab
-from parity.audit.experiments import (Experiment, copy_experiment, copy_repairs, group_copy_experiment,
-                                      host_candidates, host_experiments)
+from parity.audit.experiments import Experiment, copy_experiment, copy_repairs, group_copy_experiment
+from parity.audit.recaptures import host_experiments
 from parity.audit.state import Mismatch
 
 
@@ -28,7 +28,7 @@ def _copies(lab: ShadowLab, rebinds: list[Rebind]) -> tuple[list[Experiment], li
 def run_experiments(lab: ShadowLab, rebinds: list[Rebind]) -> tuple[Experiment | None, list[Experiment], list[str]]:
     """(the diagnosis experiment or None, every experiment run, notes)."""
     copies, notes = _copies(lab, rebinds)
-    control, singles = host_experiments(lab, host_candidates(lab))
+    control, singles = host_experiments(lab, lab.host_values())
     run = copies + singles
     restoring = [e for e in run if e.restores]
     if restoring:

@@ -197,7 +197,7 @@ class PaddingBisector(Bisector):
 
 # The stages a divergent forward goes through, in order; the first diagnosis stands. The last always gives one.
 GRAPH_STAGES = (reproducible.stage, descriptor.stage, stride.stage, repairs.stage, rebound.piecewise_outputs,
-                rebound.pointed_back, host_moves.stage, recapture.absent_inputs, recapture.stage)
+                rebound.pointed_back, host_moves.stage, recapture.stage)
 EAGER_STAGES = (host_moves.stage,)
 
 

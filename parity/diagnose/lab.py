@@ -22,14 +22,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import torch
+
 
 from parity.diagnosis.record import Diagnosis
-from parity.diagnose.readset import storage_roles
+from parity.audit.recaptures import HostValue
+from parity.diagnose.readset import graph_writes, reference_writes, storage_roles
 from parity.diagnose.repairs import repairs
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
 from parity.graphs.capture import capture
+from parity.graphs.manager import python_fields
 from parity.graphs.modes import PIECEWISE
-from parity.graphs.tp_agree import agree_all
+from parity.graphs.tp_agree import agree_all, agree_same
 
 
 @dataclass
@@ -87,6 +91,21 @@ class Divergence:
         for captured, live in redirect:
             live.copy_(captured)
         return outputs(self.graph, self.ev_g, returned)
+
+    def host_values(self) -> list[HostValue]:
+        """The metadata's inputs absent (None) at capture that hold a tensor now, then its host fields that differ
+        from the capture's (the same on every rank), keyed by field as `recapture` takes them."""
+        live, captured = self.ev_g.meta, self.entry.captured_with
+        absent = agree_same("absent inputs", sorted(k for k, v in captured.items()
+                                                    if v is None and isinstance(getattr(live, k, None), torch.Tensor)))
+        fields = python_fields(live)
+        differing = agree_same("recapture: host fields", sorted(k for k in fields if captured.get(k) != fields[k]))
+        return ([HostValue(k, k, None, getattr(live, k)) for k in absent]
+                + [HostValue(k, k, captured.get(k), fields[k]) for k in differing])
+
+    def skipped_writes(self) -> list[str]:
+        """The roles the reference forward writes and the replayed graph never does (`readset.py`)."""
+        return sorted(reference_writes(self) - graph_writes(self))
 
     def repairs(self) -> list:
         """What the graph read against what the live holders and the reference say it should read, as the
