@@ -34,7 +34,7 @@ class HostValue:
     key: object                  # what `lab.recapture` takes (a path, a metadata field)
     name: str
     captured: object
-    live: object
+    live: object                 # what the forward should read now: the live value (a moved one: the reference's)
     moved: tuple | None = None   # (before, after) when the forward advances it itself, run as the reference
 
     @property

@@ -30,9 +30,11 @@ from parity.audit.recaptures import HostValue
 from parity.diagnose.readset import graph_writes, reference_writes, storage_roles
 from parity.diagnose.repairs import repairs
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
+from parity.graphs import host_state
 from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
 from parity.graphs.modes import PIECEWISE
+from parity.graphs.roles import Path
 from parity.graphs.tp_agree import agree_all, agree_same
 
 
@@ -115,16 +117,23 @@ class Divergence:
     def recapture(self, overrides: dict | None = None, prepare=lambda: None, phase: str | None = None,
                   piecewise: bool | None = None, meta=None):
         """A fresh graph of the forward (of `phase`: another phase's) at the dispatched padded shape, captured from
-        `meta` (the capture-time metadata object when None) with the host fields `overrides` set, into a new pool
-        on the graph run's pre-state after `prepare()` (it sets the one thing an experiment changes); the run is
-        put back to its pre-state after, whether the capture succeeds or raises."""
+        `meta` (the capture-time metadata object when None) with `overrides` set (metadata fields by name, the
+        owner's host values by `Path`), into a new pool on the graph run's pre-state after `prepare()` (it sets
+        the one thing an experiment changes); the run is put back to its pre-state after, whether the capture
+        succeeds or raises."""
         d, backend = self.dispatch, self.executor.backend
         fn = forward_fn(self.graph, self.ev_g.owner, phase or self.ev_g.phase)
         meta = self.entry.capture_meta if meta is None else meta
-        meta = meta if overrides is None else dataclasses.replace(meta, **overrides)
+        host = {k: v for k, v in (overrides or {}).items() if isinstance(k, Path)}
+        if overrides is not None:
+            meta = dataclasses.replace(meta, **{k: v for k, v in overrides.items() if k not in host})
+        holder = self.snaps["graph"]["host"][self.ev_g.owner][0]
         self.restore()
         try:
             prepare()
+            for path, value in host.items():
+                if not host_state.put(holder, path, value):
+                    raise ValueError(f"{host_state.name(path)} cannot be set")
             return capture(backend, backend.new_pool("bisect"),
                            lambda: fn(d.num_tokens_padded, d.num_reqs_padded, meta),
                            piecewise=d.runtime_mode == PIECEWISE if piecewise is None else piecewise,

@@ -3,14 +3,15 @@
 The reference forward is re-run from its pre-state under the audit's tracer
 (`audit.trace.touched`: the storages a call reads and writes of the memory
 that existed before it, as the audit traces a capture); each storage is named
-by its role (`storage_roles`, the naming `Divergence.name` gives): a buffer of the owner's registry, a tensor field of the metadata
-object, the owner's KV cache, or an attribute path from the owner object
+by its role (`storage_roles` below, the naming `Divergence.name` gives): a
+buffer of the owner's registry, a tensor field of the metadata object, the
+owner's KV cache, or an attribute path from the owner object
 (`model.hf.model.rotary_emb.inv_freq`, a tensor the proposer keeps), whichever
-object holds it. A role can be read through two holders at
-once (RoPE reads the registry's positions, attention the metadata's): both
-are kept. The graph's side is its capture manifest (same roles, with the
-holder at capture). A role the reference reads is what a graph must read from the
-live holder; roles the reference never reads cannot explain a divergence and
+object holds it. A role can be read through two holders at once (RoPE reads
+the registry's positions, attention the metadata's): both are kept. The
+graph's side is its capture manifest (same roles, with the holder at
+capture). A role the reference reads is what a graph must read from the live
+holder; roles the reference never reads cannot explain a divergence and
 are never repaired (no innocent buffer gets named).
 """
 

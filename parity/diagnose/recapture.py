@@ -32,25 +32,19 @@ from parity.diagnosis.kinds import FROZEN_AT_CAPTURE, UNEXPLAINED
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.probes import probe_layers
-from parity.graphs import host_state
 from parity.graphs.tp_agree import agree_union, merged_lines
 
 
-def recaptured(lab: Divergence, fields: dict, contents=(), host: dict | None = None) -> bool:
-    """Re-capture the forward from the capture-time metadata with `fields` set (host values, or inputs that
-    were absent), the buffers `contents` put back to what the original capture saw and the owner's host values
-    `host` ({path: value}) set, and replay it on the live state: does it give the reference's outputs?"""
+def recaptured(lab: Divergence, contents) -> bool:
+    """Re-capture the forward from the capture-time metadata with the buffers `contents` put back to what the
+    original capture saw, and replay it on the live state: does it give the reference's outputs?"""
     registries = {(r.owner, name): t for r in lab.executor.registries for name, t in r.items()}
-    holder = lab.snaps["graph"]["host"][lab.ev_g.owner][0]
 
     def prepare():
         for key in contents:      # under TP a buffer another rank named is put back where this rank has it
             if key in registries and key in lab.entry.captured_contents:
                 registries[key].copy_(lab.entry.captured_contents[key])
-        for path, value in (host or {}).items():
-            if not host_state.put(holder, path, value):
-                raise ValueError(f"{host_state.name(path)} cannot be set")
-    return lab.matches(lab.run(graph=lab.recapture(fields, prepare)))
+    return lab.matches(lab.run(graph=lab.recapture({}, prepare)))
 
 
 def stage(lab: Divergence) -> Diagnosis:
@@ -64,7 +58,7 @@ def stage(lab: Divergence) -> Diagnosis:
     def contents_matter(contents) -> bool:
         """Re-capture with the buffers `contents` as the original capture saw them."""
         try:
-            return recaptured(lab, {}, contents)
+            return recaptured(lab, contents)
         except (RuntimeError, IndexError, ValueError) as exc:   # the forward cannot run on these values
             ruled.append(f"re-capture with the captured values failed: {str(exc)[:80]}")
             return False
