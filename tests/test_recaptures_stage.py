@@ -1,6 +1,7 @@
 """The re-capture experiments (`parity.audit.recaptures`) on small hand-made graphs, through the audit's `ShadowLab`.
 
-Each graph is a few-line callable captured through `parity.audit` on the emulated backend; the lab is the one the
+Each graph is a few-line callable captured through `parity.audit` on the emulated backend (on CUDA graphs with the
+`gpu` marker where the callable is this file's); the lab is the one the
 shadow check hands its localisation (kept here instead of localised). The harness's `Divergence` runs the same
 experiments on its metadata's host fields (tests/test_diagnose_stages.py); here they see only the lab's interface
 (`host_values`, `recapture`, `run`, `matches`, `skipped_writes`), and each assertion fails when they or the lab are
@@ -17,6 +18,8 @@ from parity.audit.recaptures import (HostValue, describe, host_experiments, host
                                      single_experiment)
 from tests.test_audit_absent_and_counters import CachedStep, CountingStep
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
 
 @pytest.fixture(autouse=True)
 def inference():
@@ -27,8 +30,8 @@ def inference():
 class Scaled:
     """Bakes two host values: `a + b` is read once, at capture."""
 
-    def __init__(self):
-        self.x = torch.arange(4.0)
+    def __init__(self, device: str = "cpu"):
+        self.x = torch.arange(4.0, device=device)
         self.a, self.b, self.unused = 1.0, 2.0, 5
 
     def __call__(self):
@@ -44,8 +47,9 @@ def lab_at_mismatch(monkeypatch, step, bug):
         return lab.audit._diagnosis("UNEXPLAINED", [])
     monkeypatch.setattr(check, "localise", keep)
     audit = GraphAudit(step, name="step", on_mismatch="record")
-    graph = emulated.CUDAGraph()
-    with emulated.graph(graph):
+    G = torch.cuda if step.x.is_cuda else emulated
+    graph = G.CUDAGraph()
+    with G.graph(graph):
         audit()
     bug(step)
     graph.replay()
@@ -57,10 +61,11 @@ def values_by_name(lab) -> dict[str, HostValue]:
     return {v.name: v for v in lab.host_values()}
 
 
-def test_a_host_value_baked_at_capture_is_the_one_whose_live_value_alone_restores_parity(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_host_value_baked_at_capture_is_the_one_whose_live_value_alone_restores_parity(monkeypatch, device):
     def bug(step):
         step.a, step.unused = 3.0, 6          # `unused` differs too, but the graph never read it
-    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(), bug)
+    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(device), bug)
     values = values_by_name(lab)
     assert set(values) == {"self.a", "self.unused"} and values["self.a"].captured == 1.0
     control, singles = host_experiments(lab, lab.host_values())
@@ -70,10 +75,11 @@ def test_a_host_value_baked_at_capture_is_the_one_whose_live_value_alone_restore
     assert "captured 1.0, live 3.0" in singles[0].evidence[0]
 
 
-def test_values_that_restore_parity_only_together_are_the_smallest_set(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_values_that_restore_parity_only_together_are_the_smallest_set(monkeypatch, device):
     def bug(step):
         step.a, step.b = 2.0, 3.0       # live a + b = 5; either alone at its live value gives 4
-    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(), bug)
+    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(device), bug)
     found = host_search(lab, lab.host_values(), minimise=True)
     assert not found.control and found.restoring == []
     assert sorted(v.name for v in found.smallest) == ["self.a", "self.b"]
@@ -104,10 +110,11 @@ def test_a_counter_the_forward_advances_is_told_as_moved_by_it(monkeypatch):
     assert any("advanced by the forward itself" in line for line in single.evidence)
 
 
-def test_a_failed_recapture_is_ruled_out_not_raised(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_failed_recapture_is_ruled_out_not_raised(monkeypatch, device):
     def bug(step):
         step.a = 3.0
-    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(), bug)
+    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(device), bug)
     broken = HostValue(object(), "nowhere", 0, 1)      # a key the lab cannot set
     lab.recapture = lambda overrides: (_ for _ in ()).throw(ValueError("cannot be set"))
     found = host_search(lab, [broken])

@@ -1,7 +1,7 @@
 """The repair stage (`parity.audit.repairs.stage`) on small hand-made graphs, through the audit's `ShadowLab`.
 
-Each graph is a few-line method captured through `parity.audit` on the emulated backend; the lab is the one the
-shadow check hands its localisation (kept here instead of localised). The same stage runs on the harness's
+Each graph is a few-line method captured through `parity.audit` on the emulated backend (on CUDA graphs with the
+`gpu` marker); the lab is the one the shadow check hands its localisation (kept here instead of localised). The same stage runs on the harness's
 `Divergence` (tests/test_diagnose_stages.py): it sees only the lab's interface, so its verdicts below come from
 the repairs the lab lists and the replays it runs, and each assertion fails when the stage or the lab is wrong.
 """
@@ -15,6 +15,8 @@ from parity.audit import GraphAudit, check, emulated, repairs
 from parity.audit.repairs import Repair, attempt, single
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, STALE_BUFFER
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
 
 @pytest.fixture(autouse=True)
 def inference():
@@ -25,11 +27,11 @@ def inference():
 class Rows:
     """Reads a row table at `meta["pos"]` (the persistent `static_pos` at capture), adds `bias`, writes `cache`."""
 
-    def __init__(self):
-        self.table = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
-        self.static_pos = torch.zeros(4, dtype=torch.long)
-        self.bias = torch.zeros(8)
-        self.cache = torch.zeros(4, 8)
+    def __init__(self, device: str = "cpu"):
+        self.table = torch.randn(16, 8, generator=torch.Generator().manual_seed(0)).to(device)
+        self.static_pos = torch.zeros(4, dtype=torch.long, device=device)
+        self.bias = torch.zeros(8, device=device)
+        self.cache = torch.zeros(4, 8, device=device)
         self.meta = {"pos": self.static_pos}
 
     def forward(self):
@@ -48,8 +50,9 @@ def lab_at_mismatch(monkeypatch, owner: Rows, bug):
         return lab.audit._diagnosis("UNEXPLAINED", [])
     monkeypatch.setattr(check, "localise", keep)
     audit = GraphAudit(owner.forward, name="rows", on_mismatch="record")
-    graph = emulated.CUDAGraph()
-    with emulated.graph(graph):
+    G = torch.cuda if owner.cache.is_cuda else emulated
+    graph = G.CUDAGraph()
+    with G.graph(graph):
         audit()
     for step in range(1, 4):
         bug(owner, step)
@@ -59,30 +62,36 @@ def lab_at_mismatch(monkeypatch, owner: Rows, bug):
     raise AssertionError("no replay differed from its shadow run")
 
 
+def positions(owner, step):
+    return torch.arange(4, device=owner.cache.device) + step
+
+
 def stale(owner, step):
-    owner.meta = {"pos": torch.arange(4) + step}      # a fresh tensor; the persistent one is never refreshed
+    owner.meta = {"pos": positions(owner, step)}      # a fresh tensor; the persistent one is never refreshed
 
 
 def reassigned_cache(owner, step):
     owner.cache = owner.cache.clone()                 # the graph keeps writing the old cache
-    owner.static_pos.copy_(torch.arange(4) + step)
+    owner.static_pos.copy_(positions(owner, step))
 
 
 def two_stale(owner, step):
-    owner.meta = {"pos": torch.arange(4) + step}
-    owner.bias = torch.full((8,), float(step))        # rebound too: both reads must follow the live tensors
+    owner.meta = {"pos": positions(owner, step)}
+    owner.bias = torch.full((8,), float(step), device=owner.cache.device)   # both reads must follow the live ones
 
 
-def test_a_persistent_buffer_never_refreshed_is_the_stale_buffer_the_copy_names(monkeypatch):
-    lab, _graph = lab_at_mismatch(monkeypatch, Rows(), stale)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_persistent_buffer_never_refreshed_is_the_stale_buffer_the_copy_names(monkeypatch, device):
+    lab, _graph = lab_at_mismatch(monkeypatch, Rows(device), stale)
     found = repairs.stage(lab)
     assert found.kind == STALE_BUFFER and found.buffers == ["self.static_pos"]
     assert "restores bitwise parity" in found.evidence[-1] and found.experiment.startswith("copy the live")
     assert lab.replays >= 1 and found.replays == lab.replays
 
 
-def test_a_written_buffer_reallocated_after_capture_is_redirected_reads_and_writes(monkeypatch):
-    owner = Rows()
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_written_buffer_reallocated_after_capture_is_redirected_reads_and_writes(monkeypatch, device):
+    owner = Rows(device)
     lab, _graph = lab_at_mismatch(monkeypatch, owner, reassigned_cache)
     [unit] = lab.repairs()
     [repair] = unit.applied
@@ -93,27 +102,30 @@ def test_a_written_buffer_reallocated_after_capture_is_redirected_reads_and_writ
     assert found.kind == BUFFER_REASSIGNED and found.buffers == ["self.cache"]
 
 
-def test_two_tensors_rebound_at_once_are_named_together_when_neither_alone_restores_parity(monkeypatch):
-    lab, _graph = lab_at_mismatch(monkeypatch, Rows(), two_stale)
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_tensors_rebound_at_once_are_named_together_when_neither_alone_restores_parity(monkeypatch, device):
+    lab, _graph = lab_at_mismatch(monkeypatch, Rows(device), two_stale)
     assert len(lab.repairs()) == 2
     found = repairs.stage(lab)
     assert found.buffers == ["self.bias", "self.static_pos"]
     assert "(together: no single repair restores parity)" in found.experiment
 
 
-def test_a_lab_with_nothing_to_repair_passes_the_stage_with_that_ruled_out(monkeypatch):
-    lab, _graph = lab_at_mismatch(monkeypatch, Rows(), stale)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_lab_with_nothing_to_repair_passes_the_stage_with_that_ruled_out(monkeypatch, device):
+    lab, _graph = lab_at_mismatch(monkeypatch, Rows(device), stale)
     lab.rebinds = []                    # as if no role had moved: the lab lists no repair
     assert lab.repairs() == [] and repairs.stage(lab) is None
     assert lab.ruled_out == ["no tensor the reference reads differs from what the graph read"]
 
 
-def test_an_attempt_puts_back_what_it_wrote_and_a_futile_repair_runs_nothing(monkeypatch):
-    owner = Rows()
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_attempt_puts_back_what_it_wrote_and_a_futile_repair_runs_nothing(monkeypatch, device):
+    owner = Rows(device)
     lab, _graph = lab_at_mismatch(monkeypatch, owner, stale)
     captured = owner.static_pos
     before, replays = captured.clone(), lab.replays
-    fix = Repair(STALE_BUFFER, "pos", "test", "copy", captured, slice(None), torch.arange(4) + 1)
+    fix = Repair(STALE_BUFFER, "pos", "test", "copy", captured, slice(None), positions(owner, 1))
     assert attempt(lab, [fix]) and torch.equal(captured, before), "the repair's write is undone after the run"
     assert lab.replays == replays + 1
     futile = Repair(STALE_BUFFER, "pos", "test", "copy", captured, slice(None), before, futile=True)

@@ -96,7 +96,10 @@ class Divergence:
 
     def host_values(self) -> list[HostValue]:
         """The metadata's inputs absent (None) at capture that hold a tensor now, then its host fields that differ
-        from the capture's (the same on every rank), keyed by field as `recapture` takes them."""
+        from the capture's (the same on every rank), keyed by field as `recapture` takes them; none for a forward
+        the run under test ran eagerly."""
+        if self.entry is None:
+            return []
         live, captured = self.ev_g.meta, self.entry.captured_with
         absent = agree_same("absent inputs", sorted(k for k, v in captured.items()
                                                     if v is None and isinstance(getattr(live, k, None), torch.Tensor)))
@@ -107,7 +110,7 @@ class Divergence:
 
     def skipped_writes(self) -> list[str]:
         """The roles the reference forward writes and the replayed graph never does (`readset.py`)."""
-        return sorted(reference_writes(self) - graph_writes(self))
+        return [] if self.entry is None else sorted(reference_writes(self) - graph_writes(self))
 
     def repairs(self) -> list:
         """What the graph read against what the live holders and the reference say it should read, as the
