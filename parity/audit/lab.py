@@ -44,9 +44,9 @@ from parity.audit.recaptures import HostValue
 from parity.audit.repairs import single
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.trace import storage_ptr
+from parity.audit.writes import skipped_writes
 from parity.diagnosis.record import Diagnosis
 from parity.graphs.host_state import restore_in
-from parity.audit.writes import skipped_writes
 from parity.graphs.roles import MISSING, Path, assign, resolve, walk
 
 MAX_HOST_VALUES = 16
@@ -152,7 +152,8 @@ class ShadowLab:
         return None
 
     def repairs(self) -> list:
-        """One copy per moved role, each its own variable (`experiments.copy_repairs`)."""
+        """One copy per moved role, each its own variable (`experiments.copy_repairs`), judged on the pre-replay
+        state (a copy of equal values there is futile)."""
         self.pre.restore()
         return [single(r) for r in copy_repairs(self.rebinds)[0]]
 
