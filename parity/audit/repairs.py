@@ -126,7 +126,7 @@ def explain(lab, culprits, others, tried):
     else:
         experiment = "; ".join(r.experiment for r in culprits) + (
             " (together: no single repair restores parity)" if len(culprits) > 1 else "")
-    evidence.append(f"{experiment}: replaying restores bitwise parity with the padded reference")
+    evidence.append(f"{experiment}: replaying restores bitwise parity with the reference")
     also = [f"{r.experiment} also restores parity ({r.kind}, less specific)" for r in others]
     chosen = {id(r) for r in culprits} | {id(r) for r in others}
     ruled_out = lab.ruled_out + [r.experiment for r in tried if id(r) not in chosen]
