@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from parity.audit import GraphAudit, check, emulated
-from parity.audit.recaptures import (HostValue, describe, host_experiments, host_search, set_experiment,
-                                     single_experiment)
+from parity.audit import recaptures
+from parity.audit.recaptures import HostValue, describe, host_search, set_experiment, single_experiment
 from tests.test_audit_absent_and_counters import CachedStep, CountingStep
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -42,7 +42,7 @@ def lab_at_mismatch(monkeypatch, step, bug):
     """(the ShadowLab of the first replay that differs from its shadow run, after `bug(step)`; the graph)."""
     labs = []
 
-    def keep(lab, mismatch, rebinds, started):
+    def keep(lab, mismatch, started):
         labs.append(lab)
         return lab.audit._diagnosis("UNEXPLAINED", [])
     monkeypatch.setattr(check, "localise", keep)
@@ -68,11 +68,13 @@ def test_a_host_value_baked_at_capture_is_the_one_whose_live_value_alone_restore
     lab, _graph = lab_at_mismatch(monkeypatch, Scaled(device), bug)
     values = values_by_name(lab)
     assert set(values) == {"self.a", "self.unused"} and values["self.a"].captured == 1.0
-    control, singles = host_experiments(lab, lab.host_values())
-    assert not control.restores, "as captured, the re-capture still differs"
-    assert [(e.kind, e.buffers, e.restores) for e in singles] == [
-        ("FROZEN_AT_CAPTURE", ["self.a"], True), ("FROZEN_AT_CAPTURE", ["self.unused"], False)]
-    assert "captured 1.0, live 3.0" in singles[0].evidence[0]
+    found = host_search(lab, lab.host_values())
+    assert not found.control, "as captured, the re-capture still differs"
+    assert [(v.name, restores) for v, restores in found.singles] == [("self.a", True), ("self.unused", False)]
+    named = recaptures.stage(lab)
+    assert (named.kind, named.buffers) == ("FROZEN_AT_CAPTURE", ["self.a"])
+    assert "captured 1.0, live 3.0" in named.evidence[0]
+    assert named.ruled_out[-1] == describe(values["self.unused"]) and named.also == []
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -105,9 +107,9 @@ def test_a_counter_the_forward_advances_is_told_as_moved_by_it(monkeypatch):
     [value] = lab.host_values()
     assert (value.name, value.captured, value.live, value.moved) == ("self.col", 0, 1, (1, 2)), \
         "its capture moved it 0 -> 1, a replay leaves it, the eager run moves it on"
-    control, [single] = host_experiments(lab, [value])
-    assert single.restores and not control.restores
-    assert any("advanced by the forward itself" in line for line in single.evidence)
+    found = host_search(lab, [value])
+    assert found.restoring == [value] and not found.control
+    assert any("advanced by the forward itself" in line for line in single_experiment(lab, value, True).evidence)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -120,3 +122,27 @@ def test_a_failed_recapture_is_ruled_out_not_raised(monkeypatch, device):
     found = host_search(lab, [broken])
     assert not found.control and found.restoring == []
     assert any("failed: cannot be set" in line for line in lab.ruled_out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_stage_names_the_smallest_set_and_hands_a_restoring_control_to_the_lab(monkeypatch, device):
+    def bug(step):
+        step.a, step.b = 2.0, 3.0
+    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(device), bug)
+    named = recaptures.stage(lab)
+    assert (named.kind, sorted(named.buffers)) == ("FROZEN_AT_CAPTURE", ["self.a", "self.b"])
+    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(device), bug)
+    lab.host_values = lambda: []          # the control (a fresh capture) now restores parity
+    assert recaptures.stage(lab) is None and lab.ruled_out == []
+    assert recaptures.stage(lab, fresh=lambda lab: "fresh") == "fresh"
+
+
+def test_the_stage_rules_out_every_value_when_none_restores_parity(monkeypatch):
+    def bug(step):
+        step.a, step.unused = 3.0, 6
+    lab, _graph = lab_at_mismatch(monkeypatch, Scaled(), bug)
+    lab.recapture = lambda overrides: None
+    lab.run = lambda change=None, graph=None, redirect=(): None
+    lab.matches = lambda result: False      # whatever the cause, no re-capture restores parity
+    assert recaptures.stage(lab) is None
+    assert lab.ruled_out == [recaptures.CONTROL, *(describe(v) for v in lab.host_values())]

@@ -45,7 +45,7 @@ def lab_at_mismatch(monkeypatch, owner: Rows, bug):
     the graph, which the lab replays: the audit holds it weakly)."""
     labs = []
 
-    def keep(lab, mismatch, rebinds, started):
+    def keep(lab, mismatch, started):
         labs.append(lab)
         return lab.audit._diagnosis("UNEXPLAINED", [])
     monkeypatch.setattr(check, "localise", keep)

@@ -1,28 +1,23 @@
-"""One-variable experiments: change exactly one thing, replay, and see whether bitwise parity comes back.
+"""The audit's repairs, and the record of one experiment.
 
-Every experiment starts from the state the audited replay started from (the
-`Lab` restores it), makes its one change, replays, compares with the eager
-shadow run's result, and undoes its change:
-- copy: copy the live tensor a moved role reaches into the captured tensor the
-  graph reads, replay the same graph (a `repairs.Repair`, run by
-  `repairs.attempt`, as the harness's repairs are). Restores parity when that
-  buffer was stale (its storage is still the engine's persistent buffer) or
-  reassigned (nothing reaches its storage any more).
-- host: re-capture the callable with every host value as it was at capture
-  except one at its live value, replay the new graph (`recaptures.py`, the
-  re-capture experiments both labs run). A control re-capture with all of them
-  as captured must still differ, or host values cannot be the cause (then a
-  re-capture restoring parity means the graph baked some other capture-time
-  context).
+- `copy_repairs`: for each role a path now reaches with another tensor than at
+  capture (`cheap.Rebind`), copy the live tensor into the captured one the
+  graph reads and replay the same graph: the repairs `ShadowLab.repairs()`
+  hands `repairs.stage`, which the harness runs on its own. Restores parity
+  when that buffer was stale (its storage is still the engine's persistent
+  buffer: STALE_BUFFER) or reassigned (nothing reaches its storage any more:
+  BUFFER_REASSIGNED).
+- `Experiment`: what one experiment changed and whether it restored bitwise
+  parity (the re-captures of `recaptures.py`, the padding poison of
+  `padding.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from parity.audit.cheap import Rebind, moved_names, rank
-from parity.audit.repairs import Repair, attempt
+from parity.audit.repairs import Repair
 from parity.audit.state import bit_equal
 
 
@@ -79,22 +74,3 @@ def copy_repairs(rebinds: list[Rebind]) -> tuple[list[Repair], list[str]]:
         else:
             found.append(repair)
     return found, notes
-
-
-def copy_experiment(lab, repair: Repair) -> Experiment:
-    """The copy alone, from the pre-replay state."""
-    return Experiment(repair.kind, repair.experiment, repair.buffers, attempt(lab, [repair]), repair.captured,
-                      repair.live, [repair.note])
-
-
-def group_copy_experiment(lab, rebinds: list[Rebind]) -> Experiment | None:
-    """All copies at once: the fallback when no single one restores parity."""
-    usable = [(r, copy_repair(r, rebinds)) for r in rebinds]
-    usable = [(r, repair) for r, repair in usable if repair is not None]
-    if len(usable) < 2:
-        return None
-    restores = attempt(lab, [dataclasses.replace(repair, futile=False) for _, repair in usable])
-    kind = "BUFFER_REASSIGNED" if any(not r.owned for r, _ in usable) else "STALE_BUFFER"
-    names = sorted({(r.keeper or r.role).name for r, _ in usable})
-    return Experiment(kind, f"copy the live values of all {len(usable)} moved roles into the captured buffers and "
-                      "replay", names, restores)

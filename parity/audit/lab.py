@@ -96,6 +96,7 @@ class ShadowLab:
         self.rebinds = rebinds or []    # roles whose path reaches another tensor than at capture (`cheap.Rebind`)
         self.replays = 0
         self.ruled_out: list[str] = []
+        self.notes: list[str] = []      # the moved roles no copy can repair (told in the evidence)
         self.layouts = self.record.layouts
 
     def run(self, change=None, graph: Recaptured | None = None, redirect=()) -> Result:
@@ -155,13 +156,15 @@ class ShadowLab:
         """One copy per moved role, each its own variable (`experiments.copy_repairs`), judged on the pre-replay
         state (a copy of equal values there is futile)."""
         self.pre.restore()
-        return [single(r) for r in copy_repairs(self.rebinds)[0]]
+        found, self.notes = copy_repairs(self.rebinds)
+        return [single(r) for r in found]
 
     def diagnosis(self, kind: str, buffers, **found) -> Diagnosis:
         """The audit's record of a verdict at this replay (`found`: evidence, experiment, captured, live...)."""
         found["captured_address"] = found.pop("captured", None)
         found["live_address"] = found.pop("live", None)
         found.setdefault("ruled_out", self.ruled_out)
+        found["evidence"] = [*found.get("evidence", ()), *self.notes]
         return Diagnosis(**self.audit._diagnosis(kind, list(buffers), replays=self.replays, **found))
 
     def host_values(self) -> list[HostValue]:

@@ -13,6 +13,10 @@ few at their live value, the rest as captured) and replays the new graph:
   (`lab.skipped_writes()`, what the reference writes and the graph never does)
   and the input;
 - with `minimise`, delta debugging over them when only several together do.
+
+`stage(lab, fresh)` runs them and names the value (or the smallest set); a
+restoring control is handed to `fresh(lab)`, the lab's own account of what
+else the original capture baked.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from parity.audit.one_variable import Search, search
 from parity.audit.writes import absent_evidence
 from parity.graphs.host_state import short
 
+CONTROL = "re-capture with every host value as captured (control) and replay"
 FAILURES = (RuntimeError, TypeError, AttributeError, ValueError, IndexError)
 
 
@@ -60,11 +65,6 @@ def host_search(lab, values: list[HostValue], minimise: bool = False) -> Search:
         chosen = {id(v) for v in subset}
         return restores(lab, {v.key: v.live if id(v) in chosen else v.captured for v in values})
     return search(values, restored, minimise=minimise)
-
-
-def control_experiment(found: Search) -> Experiment:
-    return Experiment("CAPTURE_CONTEXT", "re-capture with every host value as captured (control) and replay", [],
-                      found.control)
 
 
 def describe(value: HostValue) -> str:
@@ -105,7 +105,24 @@ def frozen_evidence(values: list[HostValue]) -> list[str]:
     return evidence
 
 
-def host_experiments(lab, values: list[HostValue]) -> tuple[Experiment, list[Experiment]]:
-    """The control re-capture, then one re-capture per host value, or absent input, at its live value alone."""
-    found = host_search(lab, values)
-    return control_experiment(found), [single_experiment(lab, v, restored) for v, restored in found.singles]
+def stage(lab, fresh=None):
+    """The host value, or smallest set of them, whose live value alone in a re-capture restores parity, named
+    (`lab.diagnosis`; the others that restore it alone told in `also`). When the control re-capture restores
+    parity no host value is the cause: `fresh(lab)` says what else about the original capture is (None: nothing
+    named). None, the re-captures added to `lab.ruled_out`, when nothing restores parity."""
+    values = lab.host_values()
+    found = host_search(lab, values, minimise=True)
+    if found.control:
+        return fresh(lab) if fresh is not None else None
+    if found.restoring or found.smallest:
+        named = (single_experiment(lab, found.restoring[0], True) if found.restoring
+                 else set_experiment(found.smallest))
+        evidence = named.evidence + [f"{named.description}: restores bitwise parity; the control re-capture with "
+                                     "every host value as captured does not"]
+        also = [f"{describe(v)} also restores parity" for v in found.restoring[1:]]
+        ruled_out = lab.ruled_out + [CONTROL] + [describe(v) for v, restored in found.singles if not restored]
+        return lab.diagnosis(named.kind, named.buffers, evidence=evidence, experiment=named.description,
+                             ruled_out=ruled_out, also=also)
+    lab.ruled_out += [CONTROL if values else CONTROL.replace("(control)", "(control: none differs from now)"),
+                      *(describe(v) for v, _ in found.singles)]
+    return None

@@ -114,7 +114,8 @@ def explain(lab, culprits, others, tried):
     """Kind of the most specific culprit, every culprit's role, the experiment, what was ruled out."""
     culprits = sorted(culprits, key=lambda r: SPECIFICITY.index(r.kind))
     kind, first = culprits[0].kind, culprits[0]
-    names = sorted({name for r in culprits for name in r.buffers})
+    names = sorted({r.name for r in culprits})      # then a role's other names, after every role's own
+    names += list(dict.fromkeys(name for r in culprits for name in r.buffers if name not in names))
     evidence = []
     for r in culprits:
         line = f"{r.kind.lower()}: {r.name} ({r.holder})"

@@ -7,18 +7,15 @@ audit's (`audit/recaptures.py`) on the lab's host values (`Divergence.host_value
 the metadata's host fields, and its inputs absent at capture): each
 re-captures the forward from the capture-time metadata object (so the graph
 reads the very same addresses) with one value at its live value, and replays
-it on the live metadata; a control re-capture with every value as captured
-must not restore parity: if it does, the original capture, not a baked value,
-is at fault. When no single value restores parity but several together do,
-delta debugging finds the smallest set.
-
-A value can also be baked from a tensor: a forward that reads a buffer to the
-host while capturing (`.tolist()`, `.item()`) replays what the buffer held at
-capture. When a fresh capture from the live state restores parity, each
-integer buffer whose capture-time contents (recorded by the graph manager)
-differ from the live ones is put back, alone, to those contents before a
-re-capture (after a control with all of them put back brings the divergence
-back): the one that brings it back alone is FROZEN_AT_CAPTURE.
+it on the live metadata, as the audit's localisation does on its shadow run.
+When the control re-capture (every value as captured) restores parity, the
+original capture, not a baked value, is at fault: perhaps a value baked from a
+tensor (a forward that reads a buffer to the host while capturing,
+`.tolist()`, `.item()`, replays what the buffer held then). Each integer
+buffer whose capture-time contents (recorded by the graph manager) differ
+from the live ones is put back, alone, to those contents before a re-capture
+(after a control with all of them put back brings the divergence back): the
+one that brings it back alone is FROZEN_AT_CAPTURE.
 Otherwise UNEXPLAINED, with everything that was ruled out and the layer
 probes' localisation.
 """
@@ -27,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from parity.audit.recaptures import describe, host_search, set_experiment, single_experiment
+from parity.audit import recaptures
 from parity.diagnosis.kinds import FROZEN_AT_CAPTURE, UNEXPLAINED
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
@@ -48,12 +45,21 @@ def recaptured(lab: Divergence, contents) -> bool:
 
 
 def stage(lab: Divergence) -> Diagnosis:
-    """The last stage: a host value baked at capture, or an input absent then (`audit.recaptures`, on the
+    """The last stage: a host value baked at capture, or an input absent then (`audit.recaptures.stage`, on the
     metadata's host fields), or a buffer's capture-time contents read to the host; else UNEXPLAINED."""
-    entry, executor, ruled = lab.entry, lab.executor, lab.ruled_out
-    values = lab.host_values()
-    found = host_search(lab, values, minimise=True)
-    registries = {(r.owner, name): t for r in executor.registries for name, t in r.items()}
+    found = recaptures.stage(lab, fresh=_contents)
+    if found is not None:
+        return found
+    evidence = ["no one-variable experiment restores bitwise parity",
+                *merged_lines("recapture: layer probes", probe_layers(lab))]
+    return lab.diagnosis(UNEXPLAINED, [], evidence=evidence)
+
+
+def _contents(lab: Divergence) -> Diagnosis | None:
+    """A fresh capture from the live state restores parity: the buffers whose capture-time contents alone bring
+    the divergence back (None, told in `lab.ruled_out`, when none does)."""
+    entry, ruled = lab.entry, lab.ruled_out
+    registries = {(r.owner, name): t for r in lab.executor.registries for name, t in r.items()}
 
     def contents_matter(contents) -> bool:
         """Re-capture with the buffers `contents` as the original capture saw them."""
@@ -63,31 +69,17 @@ def stage(lab: Divergence) -> Diagnosis:
             ruled.append(f"re-capture with the captured values failed: {str(exc)[:80]}")
             return False
 
-    if found.control:
-        lab.restore()
-        moved = sorted(k for k, t in entry.captured_contents.items() if k in registries
-                       and registries[k].shape == t.shape and not torch.equal(registries[k].cpu(), t))
-        moved = [tuple(k) for k in agree_union("recapture: buffers moved since capture", moved)]
-        if moved and not contents_matter(moved):
-            baked = [k for k in moved if not contents_matter([k])]
-            if baked:
-                return _baked(lab, [k[1] for k in baked], moved)
-        ruled.append("a fresh capture from the live state restores parity, yet no host value and no buffer's "
-                     "capture-time contents alone bring the divergence back: the original capture differs")
-    elif found.restoring or found.smallest:
-        named = (single_experiment(lab, found.restoring[0], True) if found.restoring
-                 else set_experiment(found.smallest))
-        evidence = named.evidence + [f"{named.description}: restores bitwise parity; the control re-capture with "
-                                     "every host value as captured does not"]
-        return lab.diagnosis(named.kind, named.buffers, evidence=evidence, experiment=named.description)
-    elif values:
-        ruled += [describe(v) for v, _ in found.singles]
-    else:
-        ruled.append("a fresh capture from the live state does not restore parity, and no host value differs "
-                     "from the capture's")
-    evidence = ["no one-variable experiment restores bitwise parity",
-                *merged_lines("recapture: layer probes", probe_layers(lab))]
-    return lab.diagnosis(UNEXPLAINED, [], evidence=evidence)
+    lab.restore()
+    moved = sorted(k for k, t in entry.captured_contents.items() if k in registries
+                   and registries[k].shape == t.shape and not torch.equal(registries[k].cpu(), t))
+    moved = [tuple(k) for k in agree_union("recapture: buffers moved since capture", moved)]
+    if moved and not contents_matter(moved):
+        baked = [k for k in moved if not contents_matter([k])]
+        if baked:
+            return _baked(lab, [k[1] for k in baked], moved)
+    ruled.append("a fresh capture from the live state restores parity, yet no host value and no buffer's "
+                 "capture-time contents alone bring the divergence back: the original capture differs")
+    return None
 
 
 def _baked(lab: Divergence, names, moved) -> Diagnosis:
