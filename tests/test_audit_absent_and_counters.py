@@ -80,4 +80,4 @@ def test_a_counter_the_callable_advances_is_named_and_the_audit_leaves_it_alone(
     [error] = audit.errors
     assert (error.kind, error.buffers) == ("FROZEN_AT_CAPTURE", ["self.col"]), error.diagnosis
     evidence = " ".join(error.diagnosis["evidence"])
-    assert "captured 2, live 0" in evidence and "advanced by the callable itself" in evidence
+    assert "captured 2, live 0" in evidence and "advanced by the forward itself" in evidence

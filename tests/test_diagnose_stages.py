@@ -18,7 +18,8 @@ import torch
 
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                     PADDING_LEAK)
-from parity.diagnose import descriptor, experiments, host_moves, padding, rebound, recapture, reproducible
+from parity.audit import repairs
+from parity.diagnose import descriptor, host_moves, padding, rebound, recapture, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
@@ -99,27 +100,28 @@ class NoSlotsAtCapture(MetadataBuilder):
         return meta
 
 
-def test_the_absent_input_stage_names_the_write_a_graph_captured_without_its_input_skips(random_pair, monkeypatch):
+def test_the_recapture_stage_names_the_write_a_graph_captured_without_its_input_skips(random_pair, monkeypatch):
     write_kv = paged_attention.write_kv
     monkeypatch.setattr(paged_attention, "write_kv",    # attention caches nothing when there are no slots
                         lambda k, v, slots, key, value: None if slots is None else write_kv(k, v, slots, key, value))
     lab = locate(EngineParts(target_builder=NoSlotsAtCapture, drafter_builder=NoSlotsAtCapture), random_pair)
-    assert experiments.stage(lab) is None and host_moves.stage(lab) is None
-    found = recapture.absent_inputs(lab)
+    assert repairs.stage(lab) is None and host_moves.stage(lab) is None
+    assert [v.name for v in lab.host_values() if v.absent] == ["slot_mapping"]
+    found = recapture.stage(lab)
     assert (found.kind, found.buffers) == (CAPTURE_CONTEXT, ["kv_cache", "slot_mapping"]), found.evidence
     assert "kv_cache" in lab.ref_writes and any("writes kv_cache; the captured graph never writes it" in line for line in found.evidence)
 
 
-def test_the_absent_input_stage_passes_when_nothing_was_absent_at_capture(random_pair):
+def test_the_lab_lists_no_absent_input_when_nothing_was_absent_at_capture(random_pair):
     lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
-    assert recapture.absent_inputs(lab) is None and lab.replays == 0
+    assert not any(v.absent for v in lab.host_values()) and lab.replays == 0
 
 
 def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passes(random_pair):
     lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
     assert lab.entry is not None and lab.ev_g.phase == "verify"
     assert host_moves.stage(lab) is None, "no host value the forward moves differs"
-    found = experiments.stage(lab)
+    found = repairs.stage(lab)
     assert found is not None and found.kind == BUFFER_REASSIGNED and found.buffers == ["slot_mapping"], found
     assert "slot_mapping" in lab.reads and found.experiment.startswith("redirect slot_mapping")
     assert found.replays == lab.replays > 0
@@ -127,7 +129,7 @@ def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passe
 
 def test_the_host_stage_names_a_counter_the_forward_moves_and_the_repair_stage_rules_itself_out(random_pair):
     lab = locate(EngineParts(target_runner=ScheduledTarget), random_pair)
-    assert experiments.stage(lab) is None
+    assert repairs.stage(lab) is None
     assert lab.ruled_out == ["no tensor the reference reads differs from what the graph read"]
     assert rebound.piecewise_outputs(lab) is None and rebound.pointed_back(lab) is None
     found = host_moves.stage(lab)

@@ -45,7 +45,7 @@ def test_the_harness_divergence_is_a_lab_its_repair_restores_parity_and_it_names
 def test_the_audit_shadow_lab_is_a_lab_whose_recapture_with_the_live_input_restores_parity(monkeypatch):
     labs = []
 
-    def keep(lab, mismatch, rebinds, started):
+    def keep(lab, mismatch, started):
         labs.append(lab)
         return lab.audit._diagnosis("UNEXPLAINED", [])
     monkeypatch.setattr(check, "localise", keep)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from parity.diagnosis.kinds import BUFFER_REASSIGNED
-from parity.diagnose import experiments, stride
+from parity.audit import repairs
+from parity.diagnose import stride
 from parity.diagnose.bisector import Bisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
@@ -68,7 +69,7 @@ def test_the_stride_stage_names_another_role_drifted_the_same_way(random_pair):
 def test_the_stride_stage_passes_a_role_rebound_to_another_storage(random_pair):
     lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
     assert stride.drifts(lab) == [] and stride.stage(lab) is None and lab.replays == 0
-    assert experiments.stage(lab).buffers == ["slot_mapping"]
+    assert repairs.stage(lab).buffers == ["slot_mapping"]
 
 
 def relaid(t: torch.Tensor) -> torch.Tensor:

@@ -92,7 +92,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
                 pre.add_bytes(ptr, live, saved)
             replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
                                for ptr in eager.writes}
-            lab = ShadowLab(audit, roots, args, kwargs, pre, eager, moved)
+            lab = ShadowLab(audit, roots, args, kwargs, pre, eager, moved, shaped)
             diagnoses = _judge(audit, lab, replayed, shaped, started, watch.found if watch else [])
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
@@ -113,7 +113,7 @@ def _judge(audit, lab: ShadowLab, replayed: Result, found: list[Rebind], started
     if mismatch is not None:
         # NOTE: in record mode a graph's first mismatch is localised; later ones only counted.
         if audit.mismatches == 1 or audit.on_mismatch == "raise":
-            diagnoses.append(localise(lab, mismatch, found, started))
+            diagnoses.append(localise(lab, mismatch, started))
     elif (cheap := cheap_reassigned(audit, found)) is not None:
         diagnoses.append(cheap)
     num_valid, padded = audit.num_valid_now(), audit.padded_rows

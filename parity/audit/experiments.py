@@ -1,34 +1,24 @@
-"""One-variable experiments: change exactly one thing, replay, and see whether bitwise parity comes back.
+"""The audit's repairs, and the record of one experiment.
 
-Every experiment starts from the state the audited replay started from (the
-`Lab` restores it), makes its one change, replays, compares with the eager
-shadow run's result, and undoes its change:
-- copy: copy the live tensor a moved role reaches into the captured tensor the
-  graph reads, replay the same graph. Restores parity when that buffer was
-  stale (its storage is still the engine's persistent buffer) or reassigned
-  (nothing reaches its storage any more).
-- host: re-capture the callable with every host value as it was at capture
-  except one at its live value, replay the new graph. A control re-capture
-  with all of them as captured must still differ, or host values cannot be
-  the cause (then a re-capture restoring parity means the graph baked some
-  other capture-time context).
+- `copy_repairs`: for each role a path now reaches with another tensor than at
+  capture (`cheap.Rebind`), copy the live tensor into the captured one the
+  graph reads and replay the same graph: the repairs `ShadowLab.repairs()`
+  hands `repairs.stage`, which the harness runs on its own. Restores parity
+  when that buffer was stale (its storage is still the engine's persistent
+  buffer: STALE_BUFFER) or reassigned (nothing reaches its storage any more:
+  BUFFER_REASSIGNED).
+- `Experiment`: what one experiment changed and whether it restored bitwise
+  parity (the re-captures of `recaptures.py`, the padding poison of
+  `padding.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from parity.audit.cheap import Rebind, moved_names
-from parity.audit.lab import ShadowLab
-from parity.audit.one_variable import search
-from parity.graphs.roles import MISSING, Path, resolve
-from parity.audit.state import Result, Snapshot, bit_equal
-from parity.audit.trace import storage_ptr
-from parity.audit.writes import absent_evidence, skipped_writes
-
-MAX_HOST_CANDIDATES = 16
+from parity.audit.cheap import Rebind, moved_names, rank
+from parity.audit.repairs import Repair
+from parity.audit.state import bit_equal
 
 
 @dataclass
@@ -44,131 +34,43 @@ class Experiment:
     max_abs_diff: float | None = None
 
 
-def _written_through(lab: ShadowLab, result: Result, pairs) -> Result:
-    """Where the graph writes a captured buffer whose role now reaches another one, eager writes that one:
-    the captured buffer's bytes stand for the live buffer's (a KV cache reallocated after capture)."""
-    for captured, live in pairs:
-        src, dst = storage_ptr(captured), storage_ptr(live)
-        if src != dst and dst in result.writes and src in lab.pre.saved \
-                and captured.untyped_storage().nbytes() == live.untyped_storage().nbytes():
-            result.writes[dst] = lab.pre.saved[src][0].clone()
-    return result
-
-
-def _replay_with_copy(lab: ShadowLab, captured, live, written: bool) -> bool:
-    if bit_equal(captured, live) and not written:
-        return False     # NOTE: copying equal values changes nothing: ruled out without a replay
-    keep = Snapshot([captured])
-    try:
-        return lab.matches(_written_through(lab, lab.run(lambda: captured.copy_(live)), [(captured, live)]))
-    finally:
-        keep.restore()
-
-
-def copy_experiment(lab: ShadowLab, rebind: Rebind, found: list[Rebind]) -> Experiment | None:
-    """Copy the live value of one moved role into the captured tensor and replay; None when shapes differ."""
+def copy_repair(rebind: Rebind, found: list[Rebind]) -> Repair | None:
+    """The repair copying the live value of one moved role into the captured tensor (a redirect: what the graph
+    writes there is seen where eager writes); None when the shapes differ."""
     role, captured, live = rebind.role, rebind.role.tensor, rebind.live_tensor
     if live is None or tuple(live.shape) != tuple(captured.shape) or live.dtype != captured.dtype:
         return None
     at = rebind.live_address     # the engine's tensor (`live` may be its stand-in at the graph's shape)
-    lab.pre.restore()
     # NOTE: a buffer the graph writes is compared where eager writes it, so even equal values are replayed.
-    equal = bit_equal(captured, live) and not role.written
-    restores = _replay_with_copy(lab, captured, live, role.written)
-    suffix = " (already equal: ruled out without a replay)" if equal else (
+    futile = bit_equal(captured, live) and not role.written
+    suffix = " (already equal: ruled out without a replay)" if futile else (
         ", its writes compared where eager writes (the graph writes it)" if role.written else "")
     if rebind.owned:
         keeper = rebind.keeper
-        return Experiment(
-            "STALE_BUFFER", f"copy the live {role.name} (0x{at:x}) into the captured buffer "
-            f"{keeper.name} (0x{role.address:x}) and replay{suffix}", [keeper.name], restores, role.address,
-            at, [f"the graph reads {keeper.name} at 0x{role.address:x}; the eager run reads {role.name} at "
-                 f"0x{at:x}, with other values: {keeper.name} was not refreshed before the replay"])
-    return Experiment(
-        "BUFFER_REASSIGNED", f"copy the live {role.name} (0x{at:x}) into the captured storage "
-        f"(0x{role.address:x}) and replay{suffix}", moved_names(found, role.storage), restores, role.address, at,
-        [rebind.describe() + ": it was rebound to a new tensor; nothing but the graph reads the captured one"])
+        return Repair("STALE_BUFFER", keeper.name, "captured buffer", f"copy the live {role.name} (0x{at:x}) into "
+                      f"the captured buffer {keeper.name} (0x{role.address:x}) and replay{suffix}", captured,
+                      slice(None), live, role.address, at, f"the graph reads {keeper.name} at 0x{role.address:x}; "
+                      f"the eager run reads {role.name} at 0x{at:x}, with other values: {keeper.name} was not "
+                      "refreshed before the replay", live, futile=futile)
+    names = moved_names(found, role.storage)
+    return Repair("BUFFER_REASSIGNED", names[0], "captured storage", f"copy the live {role.name} (0x{at:x}) into "
+                  f"the captured storage (0x{role.address:x}) and replay{suffix}", captured, slice(None), live,
+                  role.address, at, rebind.describe() + ": it was rebound to a new tensor; nothing but the graph "
+                  "reads the captured one", live, names, futile)
 
 
-def group_copy_experiment(lab: ShadowLab, rebinds: list[Rebind]) -> Experiment | None:
-    """All copies at once: the fallback when no single one restores parity."""
-    usable = [r for r in rebinds if r.live_tensor is not None and r.live_tensor.shape == r.role.tensor.shape
-              and r.live_tensor.dtype == r.role.tensor.dtype]
-    if len(usable) < 2:
-        return None
-    keep = Snapshot([r.role.tensor for r in usable])
-
-    def change():
-        for r in usable:
-            r.role.tensor.copy_(r.live_tensor)
-    try:
-        result = lab.run(change)
-        restores = lab.matches(_written_through(lab, result, [(r.role.tensor, r.live_tensor) for r in usable]))
-    finally:
-        keep.restore()
-    kind = "BUFFER_REASSIGNED" if any(not r.owned for r in usable) else "STALE_BUFFER"
-    names = sorted({(r.keeper or r.role).name for r in usable})
-    return Experiment(kind, f"copy the live values of all {len(usable)} moved roles into the captured buffers and "
-                      "replay", names, restores)
-
-
-def host_candidates(lab: ShadowLab) -> list[tuple[Path, object, object]]:
-    """(path, captured, live) for host values that changed since capture, and inputs absent at capture (None)
-    that hold a tensor now, shortest paths first."""
-    found, places = [], set()
-    for path, captured in sorted(lab.record.host.items(), key=lambda item: (item[0].depth(), str(item[0]))):
-        live = resolve(path, lab.roots)
-        absent = captured is None and isinstance(live, torch.Tensor)
-        if not absent and (live is MISSING or type(live) is not type(captured) or live == captured):
+def copy_repairs(rebinds: list[Rebind]) -> tuple[list[Repair], list[str]]:
+    """One copy per moved role (its captured storage, address and live value), where the rebinding happened
+    first; notes for the roles no tensor of the captured shape and dtype reaches now."""
+    found, notes, seen = [], [], set()
+    for rebind in sorted(rebinds, key=rank):
+        key = (rebind.role.storage, rebind.role.address, id(rebind.live))
+        if key in seen:
             continue
-        # NOTE: one attribute reached by two paths is one host value.
-        place = (id(resolve(Path(path.root, path.steps[:-1]), lab.roots)), path.steps[-1] if path.steps else None)
-        if place not in places:
-            places.add(place)
-            found.append((path, captured, live))
-    return found[:MAX_HOST_CANDIDATES]
-
-
-def _restores(lab: ShadowLab, overrides: dict) -> bool:
-    """Does a re-capture with `overrides` restore parity? False when the callable cannot be captured so."""
-    try:
-        return lab.matches(lab.run(graph=lab.recapture(overrides)))
-    except (RuntimeError, TypeError, AttributeError, ValueError, IndexError):
-        return False
-
-
-def host_experiments(lab: ShadowLab, candidates) -> tuple[Experiment, list[Experiment]]:
-    """The control re-capture (every host value as captured, every input absent at capture absent), then one
-    re-capture per host value, or absent input, at its live value alone (`one_variable.search`)."""
-    captured = {path: value for path, value, _ in candidates}
-
-    def restores(subset) -> bool:
-        live = {path for path, _, _ in subset}
-        return _restores(lab, {p: v for p, v in captured.items() if p not in live})
-    found = search(candidates, restores)
-    control = Experiment("CAPTURE_CONTEXT", "re-capture with every host value as captured (control) and replay",
-                         [], found.control)
-    singles = []
-    for (path, was, now), restored in found.singles:
-        singles.append(_absent(lab, path, restored) if was is None else Experiment(
-            "FROZEN_AT_CAPTURE", f"re-capture with only {path} at its live value ({now!r}; captured {was!r}) "
-            "and replay", [str(path)], restored, evidence=_frozen_evidence(lab, path, was, now)))
-    return control, singles
-
-
-def _frozen_evidence(lab: ShadowLab, path: Path, was, now) -> list[str]:
-    evidence = [f"{path}: captured {was!r}, live {now!r}: the graph replays the captured value"]
-    for moved_path, (a, b) in lab.moved.items():
-        if str(moved_path) == str(path):
-            evidence.append(f"{path} is advanced by the callable itself (run eagerly it moved {a!r} -> {b!r}): "
-                            "a replay runs no Python, so it neither reads the live value nor moves it")
-    return evidence
-
-
-def _absent(lab: ShadowLab, path: Path, restores: bool) -> Experiment:
-    """An input that was None at capture and holds a tensor now: the code that reads it never ran at capture, so
-    the graph lacks its work (CAPTURE_CONTEXT, naming the writes the graph skips and the input)."""
-    skipped = skipped_writes(lab)
-    evidence = absent_evidence(str(path), skipped, "the eager run")
-    return Experiment("CAPTURE_CONTEXT", f"re-capture with only {path} present (its live tensor; None at "
-                      "capture) and replay", [*skipped, str(path)], restores, evidence=evidence)
+        seen.add(key)
+        repair = copy_repair(rebind, rebinds)
+        if repair is None:
+            notes.append(f"not copied (no tensor of the captured shape and dtype): {rebind.describe()}")
+        else:
+            found.append(repair)
+    return found, notes

@@ -9,17 +9,26 @@ Two diagnosers hand a divergent forward over as a `Lab`:
 A stage sees only the interface below, so it runs on either; it must not assume
 which reference the lab compares with, nor how the lab names a tensor.
 
-- `run(change, graph)`: put the forward back at its pre-state, apply
+- `run(change, graph, redirect)`: put the forward back at its pre-state, apply
   `change()` (the one thing an experiment changes), run the forward under test
   (its graph replayed; `graph`: a re-capture's instead) and return what it
-  produced (a value `matches` takes);
+  produced (a value `matches` takes); what it wrote to the captured tensor of
+  each (captured, live) pair of `redirect` is taken as written to the live one;
 - `matches(result)`: is `result` the reference's, bit for bit?
 - `recapture(overrides)`: a fresh graph of the forward, captured on the
   pre-state with the host values named in `overrides` (by the lab's own names)
   set; the lab stands at its pre-state after;
 - `name(tensor)`: the owner path that names the tensor's storage (None: no
   owner the lab knows reaches it);
-- `replays`: every forward run so far to test a hypothesis.
+- `repairs()`: the captured reads against the live reads, as `repairs.Unit`s
+  (what `repairs.stage` tries);
+- `host_values()`: the host values that differ from capture, and inputs absent
+  then, as `recaptures.HostValue`s keyed as `recapture` takes them;
+  `skipped_writes()`: the names of what the reference writes and the graph
+  never does;
+- `diagnosis(kind, buffers, **found)`: the lab's record of a stage's verdict;
+- `replays`: every forward run so far to test a hypothesis; `ruled_out`: the
+  experiments that did not restore parity, in order.
 """
 
 from __future__ import annotations
@@ -30,23 +39,39 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch.utils._pytree import tree_flatten
 
+from parity.audit.experiments import copy_repairs
+from parity.audit.recaptures import HostValue
+from parity.audit.repairs import single
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.trace import storage_ptr
+from parity.audit.writes import skipped_writes
+from parity.diagnosis.record import Diagnosis
 from parity.graphs.host_state import restore_in
-from parity.graphs.roles import MISSING, assign, resolve, walk
+from parity.graphs.roles import MISSING, Path, assign, resolve, walk
+
+MAX_HOST_VALUES = 16
 
 
 @runtime_checkable
 class Lab(Protocol):
     replays: int
+    ruled_out: list
 
-    def run(self, change=None, graph=None): ...
+    def run(self, change=None, graph=None, redirect=()): ...
 
     def matches(self, result) -> bool: ...
 
     def recapture(self, overrides: dict): ...
 
     def name(self, tensor: torch.Tensor) -> str | None: ...
+
+    def repairs(self) -> list: ...
+
+    def host_values(self) -> list: ...
+
+    def skipped_writes(self) -> list[str]: ...
+
+    def diagnosis(self, kind: str, buffers, **found): ...
 
 
 @dataclass
@@ -60,7 +85,7 @@ class ShadowLab:
     """A checked replay's workbench: the pre-replay state, the eager shadow run as reference, the graph."""
 
     def __init__(self, audit, roots: dict, args: tuple, kwargs: dict, pre: Snapshot, eager: Result,
-                 moved: dict | None = None):
+                 moved: dict | None = None, rebinds: list | None = None):
         self.audit = audit
         self.moved = moved or {}    # host values the callable advanced itself when run eagerly: path -> (a, b)
         self.record = audit.record
@@ -68,11 +93,15 @@ class ShadowLab:
         self.args, self.kwargs = args, kwargs
         self.pre = pre
         self.eager = eager
+        self.rebinds = rebinds or []    # roles whose path reaches another tensor than at capture (`cheap.Rebind`)
         self.replays = 0
+        self.ruled_out: list[str] = []
+        self.notes: list[str] = []      # the moved roles no copy can repair (told in the evidence)
         self.layouts = self.record.layouts
 
-    def run(self, change=None, graph: Recaptured | None = None) -> Result:
-        """Replay from the pre-replay state after `change()`; the result over the storages the eager run wrote."""
+    def run(self, change=None, graph: Recaptured | None = None, redirect=()) -> Result:
+        """Replay from the pre-replay state after `change()`; the result over the storages the eager run wrote
+        (where the graph wrote a captured storage of `redirect` whose live one eager writes: the captured bytes)."""
         self.pre.restore()
         if change is not None:
             change()
@@ -82,6 +111,12 @@ class ShadowLab:
             graph.graph.replay()
         self.replays += 1
         writes = {ptr: self.pre.saved[ptr][0].clone() for ptr in self.eager.writes}
+        for captured, live in redirect:
+            src, dst = storage_ptr(captured), storage_ptr(live)
+            # NOTE: the captured buffer's bytes stand for the live buffer's (a KV cache reallocated after capture).
+            if src != dst and dst in writes and src in self.pre.saved \
+                    and captured.untyped_storage().nbytes() == live.untyped_storage().nbytes():
+                writes[dst] = self.pre.saved[src][0].clone()
         return Result(clone_outputs(self.record.outputs if graph is None else graph.outputs), writes)
 
     def matches(self, result: Result) -> bool:
@@ -116,3 +151,38 @@ class ShadowLab:
             if isinstance(value, torch.Tensor) and value.numel() and storage_ptr(value) == ptr:
                 return str(path)
         return None
+
+    def repairs(self) -> list:
+        """One copy per moved role, each its own variable (`experiments.copy_repairs`), judged on the pre-replay
+        state (a copy of equal values there is futile)."""
+        self.pre.restore()
+        found, self.notes = copy_repairs(self.rebinds)
+        return [single(r) for r in found]
+
+    def diagnosis(self, kind: str, buffers, **found) -> Diagnosis:
+        """The audit's record of a verdict at this replay (`found`: evidence, experiment, captured, live...)."""
+        found["captured_address"] = found.pop("captured", None)
+        found["live_address"] = found.pop("live", None)
+        found.setdefault("ruled_out", self.ruled_out)
+        found["evidence"] = [*found.get("evidence", ()), *self.notes]
+        return Diagnosis(**self.audit._diagnosis(kind, list(buffers), replays=self.replays, **found))
+
+    def host_values(self) -> list[HostValue]:
+        """Host values that changed since capture, and inputs absent at capture (None) that hold a tensor now,
+        shortest paths first (one attribute reached by two paths is one host value)."""
+        found, places = [], set()
+        for path, captured in sorted(self.record.host.items(), key=lambda item: (item[0].depth(), str(item[0]))):
+            live = resolve(path, self.roots)
+            absent = captured is None and isinstance(live, torch.Tensor)
+            if not absent and (live is MISSING or type(live) is not type(captured) or live == captured):
+                continue
+            place = (id(resolve(Path(path.root, path.steps[:-1]), self.roots)), path.steps[-1] if path.steps else None)
+            if place not in places:
+                places.add(place)
+                moved = next((ab for p, ab in self.moved.items() if str(p) == str(path)), None)
+                found.append(HostValue(path, str(path), captured, live, moved))
+        return found[:MAX_HOST_VALUES]
+
+    def skipped_writes(self) -> list[str]:
+        """What the eager run writes and the captured graph never does (`writes.skipped_writes`)."""
+        return skipped_writes(self)

@@ -1,8 +1,8 @@
 """One variable at a time: the control, each candidate alone, then (when asked) delta debugging over them.
 
-Both diagnosers test a hypothesis the same way: `GraphAudit`'s re-captures
-(`experiments.host_experiments`) and the harness bisector's host-value stages
-(`diagnose/host_moves.py`, `diagnose/recapture.py`). A candidate is one thing
+Both diagnosers test a hypothesis the same way: the re-captures of
+`recaptures.stage` (run by `GraphAudit`'s localisation and by the harness
+bisector's last stage) and the bisector's `diagnose/host_moves.py`. A candidate is one thing
 that differs between what the graph was captured with and the live state (a
 host value, an input absent at capture); `restores(subset)` re-runs the
 forward (a re-capture and replay, or an eager re-run) with exactly the
@@ -17,11 +17,10 @@ and says whether bitwise parity with the reference comes back.
 - when `minimise` and no single one restores parity but all together do,
   delta debugging (`delta_debug.ddmin`) finds the smallest set that does.
 
-The bisector's repairs (`diagnose/experiments.py`: copy the live or the
-reference's values into what the graph read) are candidates too, of a forward
-known to diverge: there is no control to run, all repairs together must
-restore parity first (`together`), then each alone in order of specificity,
-then delta debugging.
+The repairs (`repairs.py`: copy the live or the reference's values into what
+the graph read) are candidates too, of a forward known to diverge: there is
+no control to run, all repairs together must restore parity first
+(`together`), then each alone in order of specificity, then delta debugging.
 """
 
 from __future__ import annotations

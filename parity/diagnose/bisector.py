@@ -7,8 +7,9 @@ import dataclasses
 import torch
 
 from parity.diagnosis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
-from parity.diagnose import (capture_error, descriptor, experiments, host_moves, lifetime, padding, pool, rebound,
-                             recapture, reproducible, stride)
+from parity.audit import repairs
+from parity.diagnose import (capture_error, descriptor, host_moves, lifetime, padding, pool, rebound, recapture,
+                             reproducible, stride)
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
 from parity.audit.state import delta
@@ -195,8 +196,8 @@ class PaddingBisector(Bisector):
 
 
 # The stages a divergent forward goes through, in order; the first diagnosis stands. The last always gives one.
-GRAPH_STAGES = (reproducible.stage, descriptor.stage, stride.stage, experiments.stage, rebound.piecewise_outputs,
-                rebound.pointed_back, host_moves.stage, recapture.absent_inputs, recapture.stage)
+GRAPH_STAGES = (reproducible.stage, descriptor.stage, stride.stage, repairs.stage, rebound.piecewise_outputs,
+                rebound.pointed_back, host_moves.stage, recapture.stage)
 EAGER_STAGES = (host_moves.stage,)
 
 

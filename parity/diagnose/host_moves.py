@@ -12,7 +12,8 @@ Each attribute the reference's forward moved is one variable:
 - a graph replay: re-capture the forward (same capture-time metadata, same
   addresses) from the graph run's pre-state with only that attribute at the
   reference's value, and replay; the control re-capture with the value the
-  graph was captured with must not restore parity;
+  graph was captured with must not restore parity (the audit's re-capture
+  experiment, `audit/recaptures.py`, on the attribute's `Path`);
 - an eager forward of the graph run (its captures moved the counter, its
   replays did not, so it starts from another value): re-run it from its
   pre-state with only that attribute at the reference's value; unchanged, it
@@ -28,9 +29,9 @@ from __future__ import annotations
 from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
-from parity.diagnose.recapture import recaptured
 from parity.diagnose.state import host_moves
 from parity.audit.one_variable import search
+from parity.audit.recaptures import HostValue, host_search
 from parity.graphs import host_state
 from parity.graphs.host_state import short
 from parity.graphs.tp_agree import agree_same
@@ -54,7 +55,7 @@ def stage(lab: Divergence) -> Diagnosis | None:
     for path, (ref_before, ref_after) in moved:
         name = host_state.name(path)
         found = (_eager(lab, holder, path, ref_before) if entry is None
-                 else _replayed(lab, path, ref_before))
+                 else _replayed(lab, path, ref_before, (ref_before, ref_after)))
         if found is False:
             lab.ruled_out.append(f"{'re-run' if entry is None else 're-capture'} with the reference's value of {name}, "
                              "which the forward advances itself")
@@ -69,26 +70,18 @@ def stage(lab: Divergence) -> Diagnosis | None:
     return None
 
 
-def _replayed(lab: Divergence, path, value):
+def _replayed(lab: Divergence, path, value, moved):
     """(experiment, control) when a re-capture with `path` at `value` restores parity and the control
-    re-capture with the captured value does not; None when the graph was captured with `value`; False when
-    the experiment failed."""
+    re-capture with the captured value does not (`audit.recaptures`); None when the graph was captured with
+    `value`; False when the experiment failed."""
     baked = lab.entry.captured_host.get(path, lab.snaps["graph"]["host"][lab.ev_g.owner][1][path])
     if agree_same("host moves: captured with the reference's value", host_state.same(baked, value)):
         return None
-    found = search([path], lambda live: _recaptured(lab, path, value if live else baked))
-    if not found.restoring:
-        return False     # any fresh capture restores parity (the value is not what differs), or none does
     name = host_state.name(path)
+    if not host_search(lab, [HostValue(path, name, baked, value, moved)]).restoring:
+        return False     # any fresh capture restores parity (the value is not what differs), or none does
     return (f"re-capture with {name} at the reference's value {short(value)} (same addresses, one host value "
             "changed)", f"the control re-capture with the value it was captured with ({short(baked)}) does not")
-
-
-def _recaptured(lab: Divergence, path, value) -> bool:
-    try:
-        return recaptured(lab, {}, host={path: value})
-    except (RuntimeError, IndexError, ValueError):      # the forward cannot be captured on this value
-        return False
 
 
 def _eager(lab: Divergence, holder, path, value):

@@ -24,12 +24,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+
 from parity.diagnosis.record import Diagnosis
-from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, registry_of, restore
+from parity.audit.recaptures import HostValue
+from parity.diagnose.readset import graph_writes, reference_writes, storage_roles
+from parity.diagnose.repairs import repairs
+from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
+from parity.graphs import host_state
 from parity.graphs.capture import capture
-from parity.graphs.manifest import object_tensors, role_name
+from parity.graphs.manager import python_fields
 from parity.graphs.modes import PIECEWISE
-from parity.graphs.tp_agree import agree_all
+from parity.graphs.roles import Path
+from parity.graphs.tp_agree import agree_all, agree_same
 
 
 @dataclass
@@ -74,30 +80,63 @@ class Divergence:
         result = engine.owner(event.owner).executor.execute(event.dispatch, self.forward(run), event.meta)
         return outputs(engine, event, result)
 
-    def run(self, change=None, graph=None) -> dict:
+    def run(self, change=None, graph=None, redirect=()) -> dict:
         """From the graph run's pre-state, `change()`, then the forward through its executor (`graph`: that graph
-        replayed on the live metadata instead); its outputs (`parity.audit.lab.Lab`)."""
+        replayed on the live metadata instead); what it wrote to each captured tensor of `redirect` ((captured,
+        live) pairs) is copied to the live one; its outputs (`parity.audit.lab.Lab`)."""
         self.restore()
         if change is not None:
             change()
-        if graph is None:
-            return self.rerun()
         self.replays += 1
-        return outputs(self.graph, self.ev_g, graph.replay(self.ev_g.meta))
+        returned = (graph.replay(self.ev_g.meta) if graph is not None
+                    else self.executor.execute(self.dispatch, self.forward(), self.ev_g.meta))
+        for captured, live in redirect:
+            live.copy_(captured)
+        return outputs(self.graph, self.ev_g, returned)
+
+    def host_values(self) -> list[HostValue]:
+        """The metadata's inputs absent (None) at capture that hold a tensor now, then its host fields that differ
+        from the capture's (the same on every rank), keyed by field as `recapture` takes them; none for a forward
+        the run under test ran eagerly."""
+        if self.entry is None:
+            return []
+        live, captured = self.ev_g.meta, self.entry.captured_with
+        absent = agree_same("absent inputs", sorted(k for k, v in captured.items()
+                                                    if v is None and isinstance(getattr(live, k, None), torch.Tensor)))
+        fields = python_fields(live)
+        differing = agree_same("recapture: host fields", sorted(k for k in fields if captured.get(k) != fields[k]))
+        return ([HostValue(k, k, None, getattr(live, k)) for k in absent]
+                + [HostValue(k, k, captured.get(k), fields[k]) for k in differing])
+
+    def skipped_writes(self) -> list[str]:
+        """The roles the reference forward writes and the replayed graph never does (`readset.py`)."""
+        return [] if self.entry is None else sorted(reference_writes(self) - graph_writes(self))
+
+    def repairs(self) -> list:
+        """What the graph read against what the live holders and the reference say it should read, as the
+        audit's `repairs.stage` takes them (`diagnose/repairs.py`)."""
+        return repairs(self)
 
     def recapture(self, overrides: dict | None = None, prepare=lambda: None, phase: str | None = None,
                   piecewise: bool | None = None, meta=None):
         """A fresh graph of the forward (of `phase`: another phase's) at the dispatched padded shape, captured from
-        `meta` (the capture-time metadata object when None) with the host fields `overrides` set, into a new pool
-        on the graph run's pre-state after `prepare()` (it sets the one thing an experiment changes); the run is
-        put back to its pre-state after, whether the capture succeeds or raises."""
+        `meta` (the capture-time metadata object when None) with `overrides` set (metadata fields by name, the
+        owner's host values by `Path`), into a new pool on the graph run's pre-state after `prepare()` (it sets
+        the one thing an experiment changes); the run is put back to its pre-state after, whether the capture
+        succeeds or raises."""
         d, backend = self.dispatch, self.executor.backend
         fn = forward_fn(self.graph, self.ev_g.owner, phase or self.ev_g.phase)
         meta = self.entry.capture_meta if meta is None else meta
-        meta = meta if overrides is None else dataclasses.replace(meta, **overrides)
+        host = {k: v for k, v in (overrides or {}).items() if isinstance(k, Path)}
+        if overrides is not None:
+            meta = dataclasses.replace(meta, **{k: v for k, v in overrides.items() if k not in host})
+        holder = self.snaps["graph"]["host"][self.ev_g.owner][0]
         self.restore()
         try:
             prepare()
+            for path, value in host.items():
+                if not host_state.put(holder, path, value):
+                    raise ValueError(f"{host_state.name(path)} cannot be set")
             return capture(backend, backend.new_pool("bisect"),
                            lambda: fn(d.num_tokens_padded, d.num_reqs_padded, meta),
                            piecewise=d.runtime_mode == PIECEWISE if piecewise is None else piecewise,
@@ -144,31 +183,3 @@ def run_stages(lab: Divergence, stages) -> Diagnosis | None:
         if found is not None:
             return found
     return None
-
-
-def storage_roles(engine, event) -> dict[int, list[tuple[str, str]]]:
-    """storage -> (role, holder) of every tensor the forward's owner can hand a kernel: its registry's buffers,
-    the metadata object's tensors (when not the same-named buffer's), its KV cache, its attributes."""
-    found: dict[int, list[tuple[str, str]]] = {}
-
-    def add(tensor, role, holder):
-        found.setdefault(tensor.untyped_storage().data_ptr(), []).append((role, holder))
-
-    registry = registry_of(engine, event.owner)
-    for name, tensor in registry.items():
-        add(tensor, name, "registry")
-    fields = [(f.name, getattr(event.meta, f.name)) for f in dataclasses.fields(event.meta)]
-    for name, value in fields:
-        held = registry[name] if name in registry else None
-        if isinstance(value, torch.Tensor) and (
-                held is None or held.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
-            add(value, name, "metadata object")
-    cache = engine.owner(event.owner).kv_cache.tensors()
-    for tensor in cache:
-        add(tensor, "kv_cache", "kv cache")
-    taken = set(found)
-    for path, tensor in object_tensors(engine.owner(event.owner)):
-        if tensor.untyped_storage().data_ptr() not in taken:
-            taken.add(tensor.untyped_storage().data_ptr())
-            add(tensor, role_name(path), "object")
-    return found

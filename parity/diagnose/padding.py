@@ -109,6 +109,14 @@ def padded_kv_writes(lab: Divergence, run: str, watch=None) -> list[int]:
     return sorted(written)
 
 
+def padded_writes(lab: Divergence, tag: str) -> tuple[list[int], Diagnosis | None]:
+    """Before any experiment: the real KV slots the reference's padded tokens write (every rank's), and when none,
+    PADDING_LEAK naming what its indexed writes' padded rows overwrite (`routing.overwrite_diagnosis`)."""
+    recorder = recorder_of(lab)
+    stray = agree_union(f"{tag}: padded KV writes", padded_kv_writes(lab, "ref", watch=recorder))
+    return stray, None if stray else shared(f"{tag}: padded overwrites", overwrite_diagnosis(lab, recorder))
+
+
 def _kv_rows(owner) -> list[torch.Tensor]:
     return [t[:-1].clone() for t in owner.kv_cache.tensors()]
 
@@ -139,15 +147,12 @@ def stage(lab: Divergence) -> Diagnosis:
     agree_same("padding: breaches", [[name, off] for name, _, _, off in found])
     evidence += [f"{name}: {off} padded entr{'y' if off == 1 else 'ies'} not at the inert value "
                  f"{owner.buffers.spec(name).inert_value(dispatch.num_tokens)}" for name, _, _, off in found]
-    recorder = recorder_of(lab)
-    stray = agree_union("padding: padded KV writes", padded_kv_writes(lab, "ref", watch=recorder))
-    # from the indices, before any experiment; under TP every rank's first account (`diagnose.ranks`)
-    overwritten = shared("padding: padded overwrites", overwrite_diagnosis(lab, recorder))
-    if overwritten is not None and not stray:
+    stray, overwritten = padded_writes(lab, "padding")
+    if overwritten is not None:
         overwritten.evidence = evidence + overwritten.evidence
         return overwritten
     if stray:
-        evidence.append(f"padded tokens write the KV cache of real requests: slots {_slots(stray)}")
+        evidence.append(f"padded tokens write the KV cache of real requests: slots {slot_list(stray)}")
 
     def repaired(subset) -> bool:
         """Both references with the subset's padded entries set inert: do they agree again (on every rank)?"""
@@ -227,6 +232,8 @@ class _Only:
         return self._buffers.spec(name)
 
 
-def _slots(slots: list[int]) -> str:
+def slot_list(slots) -> str:
+    """The first 8 slots, in order, and how many more."""
+    slots = sorted(slots)
     shown = ", ".join(map(str, slots[:8]))
     return shown + (f" and {len(slots) - 8} more" if len(slots) > 8 else "")

@@ -12,9 +12,10 @@ would name a cause it did not isolate.
 So before any experiment two observations are made:
 
 1. the real KV slots the padded tokens of the reference write
-   (`padding.padded_kv_writes`: a write set, which a race cannot hide). Any
-   such slot breaks the padding contract on its own, and it is where a race
-   would sit: PADDING_LEAK(slot_mapping), without a one-variable experiment.
+   (`padding.padded_writes`, as the padding stage observes them first: a
+   write set, which a race cannot hide). Any such slot breaks the padding
+   contract on its own, and it is where a race would sit:
+   PADDING_LEAK(slot_mapping), without a one-variable experiment.
    Two re-runs that happen to agree do not make such a forward safe to
    experiment on: a later experiment's re-run can lose the race and "restore
    parity", naming a cause it did not isolate. The same holds for every
@@ -34,11 +35,9 @@ from __future__ import annotations
 from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
-from parity.diagnose.padding import padded_kv_writes
-from parity.diagnose.ranks import shared
-from parity.diagnose.routing import overwrite_diagnosis, recorder_of
+from parity.diagnose.padding import padded_writes, slot_list
 from parity.diagnose.state import max_diff
-from parity.graphs.tp_agree import agree_union, merged_lines
+from parity.graphs.tp_agree import merged_lines
 
 RERUNS = 2
 
@@ -66,10 +65,7 @@ def stage(lab: Divergence) -> Diagnosis | None:
     """PADDING_LEAK when the reference's padded tokens write real KV slots at the divergent forward, or padded
     rows of any indexed write target what a live row targets; else None when both runs reproduce it; else
     UNEXPLAINED, saying that they do not."""
-    recorder = recorder_of(lab)
-    # Under TP: the slots of every rank, and every rank's account (`graphs.tp_agree`); the same at TP=1.
-    stray = set(agree_union("reproducible: padded KV writes", padded_kv_writes(lab, "ref", watch=recorder)))
-    overwritten = None if stray else shared("reproducible: padded overwrites", overwrite_diagnosis(lab, recorder))
+    stray, overwritten = padded_writes(lab, "reproducible")
     if overwritten is not None:
         return overwritten
     runs = {"reference": unstable(lab, "ref"), "graph run": unstable(lab, "graph")}
@@ -77,11 +73,11 @@ def stage(lab: Divergence) -> Diagnosis | None:
     evidence = [f"the {run}'s forward does not reproduce its own outputs from its pre-state ({RERUNS} re-runs, "
                 f"max |Δ| {delta:.3g}): it is not deterministic" for run, (delta, _) in runs.items() if delta]
     if raced:
-        evidence.append(f"first-layer KV rows that differ between re-runs: slots {_slots(raced)}")
+        evidence.append(f"first-layer KV rows that differ between re-runs: slots {slot_list(raced)}")
     evidence = merged_lines("reproducible: re-runs", evidence)
     if stray:
         evidence.append(f"the padded reference's padded tokens write the KV cache of real requests: slots "
-                        f"{_slots(stray)}")
+                        f"{slot_list(stray)}")
         evidence.append("several tokens writing one slot in one kernel race on CUDA (which write lands last is "
                         "not fixed), so no one-variable experiment is run on this forward")
         return lab.diagnosis(PADDING_LEAK, ["slot_mapping"], evidence=evidence, ruled_out=[],
@@ -95,8 +91,3 @@ def stage(lab: Divergence) -> Diagnosis | None:
     return lab.diagnosis(UNEXPLAINED, [], evidence=evidence,
                          ruled_out=["a race between padded and real KV writes (no real slot is written by a "
                                     "padded token)"])
-
-
-def _slots(rows: set[int]) -> str:
-    shown = sorted(rows)
-    return ", ".join(str(s) for s in shown[:8]) + (f" (+{len(shown) - 8})" if len(shown) > 8 else "")

@@ -1,100 +1,41 @@
-"""One-variable experiments on a divergent graph forward: each repairs one tensor the graph read, and replays.
+"""The divergent forward's repairs (`Divergence.repairs`): what its graph read against what it should read.
 
 Candidates come from the capture manifest (every registered buffer the graph
 read, and every tensor only the capture-time metadata object held), narrowed
-to the roles the reference forward really reads (`readset.py`). Per role, the
-experiment that fits what the addresses say:
-
-- redirect (the live holder now points elsewhere): copy the live tensor's values
-  into the captured address, replay, and copy what the graph wrote there back
-  to the live tensor (reads and writes both follow the live holder).
-  - registry rebound: BUFFER_REASSIGNED (who: registry);
-  - KV cache rebound (the cache's tensors replaced): BUFFER_REASSIGNED
-    (who: kv cache object), every tensor of the cache as one variable;
-  - the graph read a tensor only the capture-time metadata held, and the live
-    metadata holds the persistent buffer: CAPTURE_CONTEXT;
-  - the graph read a tensor only the capture-time metadata held, and the live
-    metadata holds another fresh tensor (a builder that reallocates):
-    BUFFER_REASSIGNED (who: metadata object);
-  - the graph read the persistent buffer, and the live metadata object holds a
-    fresh tensor instead (the field was rebound per step, seeds 001 and 002):
-    BUFFER_REASSIGNED (who: metadata object);
-- an attribute of the owner object (a model buffer such as RoPE's inv_freq, a
-  tensor the proposer keeps) that the graph read at its capture-time tensor and
-  that now holds another: redirect it: BUFFER_REASSIGNED (who: the owner object,
-  named by the attribute path);
-- refresh (the captured tensor is the live tensor in every holder, its values
-  are wrong): copy the reference's values in: STALE_BUFFER;
-- inert padding (a padded entry of the padding contract off its pad value):
-  PADDING_LEAK.
-
-Every repair is tried alone (one variable); when none restores bitwise parity
-alone, all together and then delta debugging find the smallest set.
-
-When no repair restores parity, the stage adds every repair it tried to the
-lab's `ruled_out`, and the next stages (`rebound.py`, `host_moves.py`,
-`recapture.py`) go on.
+to the roles the reference forward really reads (`readset.py`); the audit's
+`repairs.stage` runs them. Per role, by what the addresses say: a redirect to
+the tensor the live holder reaches now (the registry's: BUFFER_REASSIGNED; the
+KV cache's tensors, as one variable; the live metadata's, CAPTURE_CONTEXT when
+the graph read a tensor only the capture-time metadata held and the live one
+holds the persistent buffer, all such reads as one variable, else
+BUFFER_REASSIGNED; an owner attribute rebound since capture, named by its
+attribute path); a refresh with the reference's values (STALE_BUFFER); the
+padded entries set inert (PADDING_LEAK). Under TP the variables are every
+rank's (`ranks.candidates`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from parity.audit.repairs import Repair, Unit
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
-from parity.audit.one_variable import search
-from parity.diagnosis.record import Diagnosis
-from parity.diagnose.lab import Divergence
 from parity.diagnose import ranks
 from parity.diagnose.readset import reference_reads
 from parity.diagnose.state import registry_of
 from parity.graphs.manifest import live_object_tensor
 from parity.graphs.tp_agree import world
 
-# The most specific first: a repair that names where the live values went beats one that only refreshes.
-SPECIFICITY = (BUFFER_REASSIGNED, CAPTURE_CONTEXT, STALE_BUFFER, PADDING_LEAK)
 INDEX_ORDER = ("token", "row", "row+1")
-
-
-@dataclass
-class Repair:
-    kind: str
-    name: str                  # the role: a buffer name, or a metadata field
-    holder: str                # "registry" or "metadata object"
-    experiment: str            # what the repair does, in words
-    tensor: torch.Tensor       # the captured tensor it writes
-    region: slice
-    value: torch.Tensor
-    captured: int | None = None
-    live: int | None = None
-    note: str = ""
-    live_tensor: torch.Tensor | None = None   # a redirect's live holder: gets back what the graph wrote
 
 
 def _spec(registry, name):
     return registry.spec(name) if name in registry else None
 
 
-def stage(lab: Divergence) -> Diagnosis | None:
-    """The repair that restores bitwise parity, named; None (its repairs ruled out) when none does."""
-    reads = reference_reads(lab)
-    repairs = candidates(lab, set(reads))
-    units = agreed_units(repairs)
-    culprits, others = confirm(lab, repairs, units)
-    told = [r for unit in units for r in unit.told]
-    if culprits:
-        return explain(lab, culprits, others, told)
-    lab.ruled_out += [r.experiment for r in told] or [
-        "no tensor the reference reads differs from what the graph read"]
-    return None
-
-
-@dataclass
-class Unit:
-    """One variable: the repairs this rank applies together, and how they are told (the same on every rank)."""
-    applied: list
-    told: list
+def repairs(lab) -> list[Unit]:
+    """The variables of the audit's `repairs.stage` at this forward: every repair of a role the reference reads."""
+    return agreed_units(candidates(lab, set(reference_reads(lab))))
 
 
 def agreed_units(repairs: list[Repair]) -> list[Unit]:
@@ -121,7 +62,7 @@ def _account(r: Repair) -> dict:
             "region": None, "value": None, "captured": r.captured, "live": r.live, "note": r.note}
 
 
-def candidates(lab: Divergence, read_by_reference: set[str]) -> list[Repair]:
+def candidates(lab, read_by_reference: set[str]) -> list[Repair]:
     """Every repair the addresses and values at this forward suggest, most specific kind per role."""
     ref, graph, ev_r, ev_g, snaps, entry = lab.ref, lab.graph, lab.ev_r, lab.ev_g, lab.snaps, lab.entry
     registry = registry_of(graph, ev_g.owner)
@@ -221,63 +162,3 @@ def _padding_repairs(registry, ev_g, graph_state) -> list[Repair]:
                 found.append(Repair(PADDING_LEAK, name, "registry", f"set the padded entries of {name} inert",
                                     tensor, region, torch.full_like(before[region], inert)))
     return found
-
-
-def confirm(lab: Divergence, repairs: list[Repair], units: list[Unit]) -> tuple[list[Repair], list[Repair]]:
-    """(culprits, others that alone also restore parity), as told; ([], []) when nothing restores it.
-
-    The capture context is one variable: every read the graph took from the
-    capture-time metadata object is redirected together, as one experiment;
-    so is the KV cache (all its tensors).
-    """
-    executor, fn, ev_g = lab.executor, lab.forward(), lab.ev_g
-    # NOTE: a repair may write a tensor outside the engine's snapshot (a capture-time
-    # placeholder, a replaced KV tensor): its region is saved here and put back before every experiment.
-    originals = [(r.tensor, r.region, r.tensor[r.region].clone()) for r in repairs]
-
-    def replay_with(chosen) -> bool:
-        chosen = [u for u in units if any(u is c for c in chosen)]    # applied in one order, whatever is asked
-        lab.restore()
-        for tensor, region, value in originals:
-            tensor[region].copy_(value)
-        for unit in chosen:
-            for r in unit.applied:
-                r.tensor[r.region].copy_(r.value)
-        lab.replays += 1
-        executor.execute(ev_g.dispatch, fn, ev_g.meta)
-        for unit in chosen:
-            for r in unit.applied:
-                if r.live_tensor is not None:
-                    r.live_tensor[r.region].copy_(r.tensor[r.region])
-        return lab.matches()
-
-    found = search(sorted(units, key=lambda u: SPECIFICITY.index(u.told[0].kind)), replay_with, minimise=True,
-                   together=True)
-    if found.restoring:
-        return found.restoring[0].told, [r for u in found.restoring[1:] for r in u.told]
-    return [r for u in found.smallest for r in u.told], []
-
-
-def explain(lab: Divergence, culprits, others, tried) -> Diagnosis:
-    """Kind of the most specific culprit, every culprit's role, the experiment, what was ruled out."""
-    culprits = sorted(culprits, key=lambda r: SPECIFICITY.index(r.kind))
-    kind = culprits[0].kind
-    names = sorted({r.name for r in culprits})
-    first = culprits[0]
-    evidence = []
-    for r in culprits:
-        line = f"{r.kind.lower()}: {r.name} ({r.holder})"
-        if r.captured is not None and r.live is not None and r.captured != r.live:
-            line += f", captured {r.captured:#x}, live {r.live:#x}"
-        evidence.append(line + (f": {r.note}" if r.note else ""))
-    if kind == CAPTURE_CONTEXT:
-        experiment = f"redirect every read of the capture-time metadata ({', '.join(names)}) to the live metadata"
-    else:
-        experiment = "; ".join(r.experiment for r in culprits) + (
-            " (together: no single repair restores parity)" if len(culprits) > 1 else "")
-    evidence.append(f"{experiment}: replaying restores bitwise parity with the padded reference")
-    also = [f"{r.experiment} also restores parity ({r.kind}, less specific)" for r in others]
-    chosen = {id(r) for r in culprits} | {id(r) for r in others}
-    ruled_out = lab.ruled_out + [r.experiment for r in tried if id(r) not in chosen]
-    return lab.diagnosis(kind, names, captured=first.captured, live=first.live, evidence=evidence,
-                         experiment=experiment, ruled_out=ruled_out, also=also)
