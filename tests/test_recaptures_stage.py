@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.audit import GraphAudit, check, emulated
+from parity.audit import GraphAudit, audited_graph, check, emulated
 from parity.audit import recaptures
 from parity.audit.recaptures import HostValue, describe, host_search, set_experiment, single_experiment
 from tests.test_audit_absent_and_counters import CachedStep, CountingStep
@@ -49,7 +49,7 @@ def lab_at_mismatch(monkeypatch, step, bug):
     audit = GraphAudit(step, name="step", on_mismatch="record")
     G = torch.cuda if step.x.is_cuda else emulated
     graph = G.CUDAGraph()
-    with G.graph(graph):
+    with audited_graph(graph, audit):     # on CUDA too: the block attaches the audit to the graph's replays
         audit()
     bug(step)
     graph.replay()

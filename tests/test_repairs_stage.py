@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.audit import GraphAudit, check, emulated, repairs
+from parity.audit import GraphAudit, audited_graph, check, emulated, repairs
 from parity.audit.repairs import Repair, attempt, single
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, STALE_BUFFER
 
@@ -52,7 +52,7 @@ def lab_at_mismatch(monkeypatch, owner: Rows, bug):
     audit = GraphAudit(owner.forward, name="rows", on_mismatch="record")
     G = torch.cuda if owner.cache.is_cuda else emulated
     graph = G.CUDAGraph()
-    with G.graph(graph):
+    with audited_graph(graph, audit):     # on CUDA too: the block attaches the audit to the graph's replays
         audit()
     for step in range(1, 4):
         bug(owner, step)
