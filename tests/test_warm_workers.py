@@ -13,20 +13,28 @@ def gpu(monkeypatch):
     monkeypatch.setattr(warm, "_cpus", lambda: 16)
 
 
-def test_only_a_likely_concurrent_run_starts_workers(gpu, tmp_path):
+def test_only_a_likely_concurrent_run_starts_workers(gpu, tmp_path, monkeypatch):
     big, small = tmp_path / "big", tmp_path / "small"
     big.mkdir(), small.mkdir()
     with open(big / "model.safetensors", "wb") as f:
         f.truncate(warm.AUTO_MIN_BYTES)              # sparse: the size counts, not the bytes
     (small / "model.safetensors").write_bytes(b"0" * 16)
-    assert warm.expected(["run", "--target-path", str(big)]) == warm.AUTO_MAX
-    assert warm.expected(["run", f"--target-path={big}", "--modes", "all"]) == warm.AUTO_MAX
-    assert warm.expected(["run", "--target-path", str(small)]) == 0      # a small pair runs one after another
+    for folder in (big, small):
+        (folder / "config.json").write_text("{}")
+    local = ["run", "--model", "local", "--draft-path", str(small)]
+    assert warm.expected([*local, "--target-path", str(big)]) == warm.AUTO_MAX
+    assert warm.expected([*local, f"--target-path={big}", "--modes", "all"]) == warm.AUTO_MAX
+    assert warm.expected([*local, "--target-path", str(small)]) == 0      # a small pair runs one after another
+    assert warm.expected(["run"]) == 0                                     # the embedded tiny pair
+    monkeypatch.setenv("PARITY_LLAMA3_EAGLE_TARGET_PATH", str(big))         # a zoo pair found where the run looks
+    monkeypatch.setenv("PARITY_LLAMA3_EAGLE_DRAFT_PATH", str(small))
+    assert warm.expected(["run", "--model", "llama3-eagle"]) == warm.AUTO_MAX
+    assert warm.expected(["run", "--target-path", str(big)]) == 0         # refused by the run: no guess
     assert warm.expected(["run", "--jobs", "3"]) == 3
-    assert warm.expected(["run", "--target-path", str(big), "--jobs", "1"]) == 0
-    assert warm.expected(["run", "--target-path", str(big), "--tp", "2"]) == 0
-    assert warm.expected(["run", "--target-path", str(big), "--backend", "emulated"]) == 0
-    assert warm.expected(["run", "--target-path", str(big), "--plan"]) == 0
+    assert warm.expected([*local, "--target-path", str(big), "--jobs", "1"]) == 0
+    assert warm.expected([*local, "--target-path", str(big), "--tp", "2"]) == 0
+    assert warm.expected([*local, "--target-path", str(big), "--backend", "emulated"]) == 0
+    assert warm.expected([*local, "--target-path", str(big), "--plan"]) == 0
     assert warm.expected(["run", "--help"]) == 0
     assert warm.expected(["bench", "scale", "--target-path", str(big)]) == 0
     assert warm.expected([]) == 0

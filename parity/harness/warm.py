@@ -10,8 +10,8 @@ they import while the parent imports and loads the weights, and the pool
 takes them (`take`) instead of spawning its own. What the pool does not take
 is let go (`release`): each ends when its pipe closes, having run nothing.
 
-The guess reads the command line with the standard library only (this module
-must stay free of heavy imports). A wrong guess costs nothing but the start of
+The guess reads the command line with the standard library and the zoo's
+path resolution only (this module must stay free of heavy imports). A wrong guess costs nothing but the start of
 idle interpreters on spare cores: a warm worker is the same process the pool
 would spawn, and the pool spawns any it lacks.
 """
@@ -30,7 +30,8 @@ _WARM: list = []             # (process, parent's end of its pipe), oldest first
 
 def expected(argv: list[str]) -> int:
     """How many workers `parity <argv>` will likely run at once: 0 unless it is a single-process `parity run`
-    on a GPU with --jobs N (N > 1), or with a local target of 1 GiB or more and no --jobs."""
+    on a GPU with --jobs N (N > 1), or, without --jobs, whose target (a zoo model's or `--model local`'s
+    --target-path) holds 1 GiB or more of safetensors."""
     if not argv or argv[0] != "run" or not _has_gpu():
         return 0
     options = _options(argv[1:])
@@ -41,10 +42,22 @@ def expected(argv: list[str]) -> int:
     jobs = options.get("--jobs")
     if jobs is not None:
         return int(jobs) if jobs.isdigit() and int(jobs) > 1 else 0
-    target = options.get("--target-path")
-    if target is None or _weight_bytes(Path(target)) < AUTO_MIN_BYTES:
+    target = _target_folder(options)
+    if target is None or _weight_bytes(target) < AUTO_MIN_BYTES:
         return 0
     return min(AUTO_MAX, _cpus())
+
+
+def _target_folder(options: dict) -> Path | None:
+    """The target's folder as `parity run` will find it (the zoo: paths, environment, the local HF cache)."""
+    from parity.models.zoo import DEFAULT_MODEL, resolve_paths   # the standard library only
+
+    try:
+        target, _ = resolve_paths(options.get("--model") or DEFAULT_MODEL, options.get("--target-path"),
+                                  options.get("--draft-path"))
+    except Exception:  # noqa: BLE001 - a command line the run will refuse itself: no guess
+        return None
+    return Path(target)
 
 
 def start(count: int) -> None:
