@@ -22,7 +22,7 @@ def _starting(signum, frame):
 
 def main() -> int:
     previous = {signum: signal.signal(signum, _starting) for signum in _WHILE_STARTING}
-    from parity.harness import warm          # the standard library only
+    from parity.harness import warm          # light: no torch, no transformers
 
     warm.start(warm.expected(sys.argv[1:]))  # workers a concurrent run will want import while this process does
     from parity.cli import main as run_cli   # torch, transformers: seconds of imports

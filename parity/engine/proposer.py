@@ -219,7 +219,7 @@ class EagleProposer(Owner):
             return
         tokens = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
                                         req_ids=b["req_ids"][:n], positions=self.sampling_positions(drafted_positions))
-        probs = rejection.draft_distribution(logits, cfg.temperature, tokens)    # greedy: tokens are the argmax
+        probs = rejection.draft_distribution(logits, cfg.temperature, drawn=tokens)
         all_logprobs = torch.log_softmax(logits, dim=-1)
         logprobs = all_logprobs.gather(1, tokens.unsqueeze(1))
         column = self.draft_column(n)                                      # [n, 1]

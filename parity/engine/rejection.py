@@ -40,12 +40,13 @@ def _one_hot(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def draft_distribution(draft_logits: torch.Tensor, temperature: float,
-                       argmax: torch.Tensor | None = None) -> torch.Tensor:
+                       drawn: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution the drafter samples from: softmax(logits / T), or a
-    one-hot of the argmax when greedy (`argmax`: the logits' argmax [N] when
-    the caller has it, e.g. the greedy draft tokens). [N, V] -> float32 [N, V]."""
+    one-hot of the argmax when greedy. `drawn`: the tokens `sample_draft` drew
+    from these logits [N], if the caller has them; greedy, they are the argmax,
+    which the one-hot then reuses. [N, V] -> float32 [N, V]."""
     if _is_greedy(temperature):
-        return _one_hot(draft_logits, draft_logits.argmax(-1) if argmax is None else argmax)
+        return _one_hot(draft_logits, draft_logits.argmax(-1) if drawn is None else drawn)
     return torch.softmax(draft_logits.to(torch.float32) / temperature, dim=-1)
 
 
