@@ -308,3 +308,29 @@ def test_tiny_eagle3_assets_reuse_the_tiny_target(pair):
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2] and config["draft_vocab_size"] == 256
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert (pair.head.lm_head.d2t >= 0).all() and int(pair.head.lm_head.t2d.sum()) == 256
+
+
+def test_drafting_over_the_draft_vocabulary_is_drafting_over_the_target_vocabulary(pair):
+    # The proposer reduces over the head's 256 draft ids (`own_logits`) and maps what it draws to the target's
+    # ids: the same tokens, logits and distributions as working over the target vocabulary with -inf elsewhere.
+    head, gen = pair.head, torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, head.config.hidden_size, generator=gen)
+    own, full = head.own_logits(hidden), head.logits(hidden)
+    assert own.shape[-1] == 256 and full.shape[-1] == pair.head.lm_head.target_vocab_size > 256
+    assert torch.equal(head.vocab.logits_to_target(own), full)
+    assert torch.equal(head.vocab.to_target(own.argmax(-1)), full.argmax(-1))
+    probs = head.vocab.distribution_to_target(torch.softmax(own / 0.7, dim=-1))
+    assert torch.equal(probs == 0, ~head.lm_head.t2d.expand_as(probs))
+    # the same values up to fp32 summation order (the -inf terms add exact zeros in another order)
+    torch.testing.assert_close(probs, torch.softmax(full / 0.7, dim=-1), rtol=0, atol=1e-7)
+
+
+def test_sampled_draft_probs_live_on_the_draft_vocabulary(pair, specs):
+    engine = SpecDecodeEngine(pair.target, pair.head, config_for(specs[:2], temperature=0.8, seed=3))
+    result = engine.run(specs[:2])
+    probs = engine.owner("drafter").buffers["draft_probs"][:2]        # the last step's distributions
+    t2d = pair.head.lm_head.t2d
+    assert len(result.drafts) > 0 and (probs[..., ~t2d] == 0).all()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:2]), rtol=0, atol=1e-5)
+    drafted = torch.tensor(result.drafts["draft_token"].tolist())
+    assert t2d[drafted].all(), "every drafted token is in the draft vocabulary"

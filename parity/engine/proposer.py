@@ -34,6 +34,8 @@ class EagleProposer(Owner):
                  builder_class: type[MetadataBuilder] = MetadataBuilder):
         super().__init__()
         self.head = head
+        # EAGLE-3's map from its draft vocabulary to the target's (None: the head drafts over the target's)
+        self.vocab = getattr(head, "vocab", None)
         self.config = config
         hc = head.config
         k = config.num_speculative_tokens
@@ -213,15 +215,18 @@ class EagleProposer(Owner):
         """Sample one draft token per row and write the inputs of the next draft step."""
         b = self.buffers
         cfg = self.config
-        logits = self.draft_logits(row_hidden)
         if cfg.tree:
-            tree_drafter.emit_root(b, cfg.topk, n, logits, row_hidden)
+            tree_drafter.emit_root(b, cfg.topk, n, self.draft_logits(row_hidden), row_hidden)
             return
-        tokens = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
-                                        req_ids=b["req_ids"][:n], positions=self.sampling_positions(drafted_positions))
-        probs = rejection.draft_distribution(logits, cfg.temperature, drawn=tokens)
+        # NOTE: drafting reduces over the drafter's own vocabulary (EAGLE-3's 32k of Llama 3's 128k ids: every
+        # single-row reduction a quarter as long); only the drawn token and draft_probs are in the target's.
+        logits = self.own_logits(row_hidden)
+        drawn = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
+                                       req_ids=b["req_ids"][:n], positions=self.sampling_positions(drafted_positions))
+        tokens = drawn if self.vocab is None else self.vocab.to_target(drawn)
+        probs = self._target_distribution(logits, tokens)
         all_logprobs = torch.log_softmax(logits, dim=-1)
-        logprobs = all_logprobs.gather(1, tokens.unsqueeze(1))
+        logprobs = all_logprobs.gather(1, drawn.unsqueeze(1))
         column = self.draft_column(n)                                      # [n, 1]
         b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
         b["draft_logprobs"][:n].scatter_(1, column, logprobs)
@@ -235,9 +240,25 @@ class EagleProposer(Owner):
         """What keys the draft sampler's random numbers with the request: the drafted positions."""
         return drafted_positions
 
+    def own_logits(self, row_hidden: torch.Tensor) -> torch.Tensor:
+        """The draft distribution's logits for the drafted rows over the drafter's own vocabulary: [n, V_draft]
+        fp32 (EAGLE-3's draft vocabulary; every other head's is the target's)."""
+        own = getattr(self.head, "own_logits", None)
+        return self.head.logits(row_hidden) if own is None else own(row_hidden)
+
     def draft_logits(self, row_hidden: torch.Tensor) -> torch.Tensor:
-        """The draft distribution's logits for the drafted rows: [n, vocab] fp32."""
-        return self.head.logits(row_hidden)
+        """The same over the target vocabulary: [n, vocab] fp32 (ids outside a draft vocabulary -inf)."""
+        logits = self.own_logits(row_hidden)
+        return logits if self.vocab is None else self.vocab.logits_to_target(logits)
+
+    def _target_distribution(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """What draft_probs holds: the drafted distribution over the target vocabulary, [n, vocab] fp32; greedy,
+        the one-hot of the drawn target `tokens`."""
+        vocab = self.buffers["draft_probs"].shape[-1]
+        if rejection.is_greedy(self.config.temperature):
+            return rejection.one_hot(tokens, vocab)
+        probs = rejection.draft_distribution(logits, self.config.temperature)
+        return probs if self.vocab is None else self.vocab.distribution_to_target(probs)
 
     def draft_column(self, n: int) -> torch.Tensor:
         """The output column of this draft step, from the `draft_step` buffer: [n, 1]."""

@@ -29,24 +29,22 @@ __all__ = ["rejection_sample", "sample_target", "draft_distribution", "sample_dr
 PAD = -1  # output slots after the emitted token
 
 
-def _is_greedy(temperature: float) -> bool:
+def is_greedy(temperature: float) -> bool:
     return float(temperature) <= 0.0
 
 
-def _one_hot(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def one_hot(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """float32 [N, vocab] with a 1 at each row's id ([N])."""
     # scatter instead of F.one_hot: one_hot range-checks its input on the host.
-    out = torch.zeros_like(logits, dtype=torch.float32)
+    out = torch.zeros((ids.shape[0], vocab), dtype=torch.float32, device=ids.device)
     return out.scatter_(-1, ids.unsqueeze(-1), 1.0)
 
 
-def draft_distribution(draft_logits: torch.Tensor, temperature: float,
-                       drawn: torch.Tensor | None = None) -> torch.Tensor:
+def draft_distribution(draft_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """The distribution the drafter samples from: softmax(logits / T), or a
-    one-hot of the argmax when greedy. `drawn`: the tokens `sample_draft` drew
-    from these logits [N], if the caller has them; greedy, they are the argmax,
-    which the one-hot then reuses. [N, V] -> float32 [N, V]."""
-    if _is_greedy(temperature):
-        return _one_hot(draft_logits, draft_logits.argmax(-1) if drawn is None else drawn)
+    one-hot of the argmax when greedy. [N, V] -> float32 [N, V]."""
+    if is_greedy(temperature):
+        return one_hot(draft_logits.argmax(-1), draft_logits.shape[-1])
     return torch.softmax(draft_logits.to(torch.float32) / temperature, dim=-1)
 
 
@@ -60,7 +58,7 @@ def sample_draft(
 ) -> torch.Tensor:
     """A draft token per row, drawn from draft_distribution(draft_logits, T):
     argmax when greedy, else Gumbel-max on stream STREAM_DRAFT. [N, V] -> [N]."""
-    if _is_greedy(temperature):
+    if is_greedy(temperature):
         return draft_logits.argmax(-1)
     logq = torch.log_softmax(draft_logits.to(torch.float32) / temperature, dim=-1)
     return sample_categorical(logq, seed, req_ids, positions, STREAM_DRAFT)
@@ -77,7 +75,7 @@ def sample_target(
     """The target's own token for requests without drafts (e.g. after a
     prefill): argmax, or a sample of softmax(logits / T) on STREAM_BONUS, the
     stream of the token that follows the last accepted draft. [R, V] -> [R]."""
-    if _is_greedy(temperature):
+    if is_greedy(temperature):
         return target_logits.argmax(-1)
     logp = torch.log_softmax(target_logits.to(torch.float32) / temperature, dim=-1)
     return sample_categorical(logp, seed, req_ids, positions, STREAM_BONUS)
@@ -109,7 +107,7 @@ def rejection_sample(
     pos = first_positions.to(torch.int64)[:, None] + idx  # [R, K+1] absolute positions
     req = req_ids.to(torch.int64)[:, None]  # [R, 1], broadcasts with pos
 
-    if _is_greedy(temperature):
+    if is_greedy(temperature):
         # Greedy verification: draft i is accepted while it equals the target
         # argmax; at the first mismatch (or at K) the target argmax is emitted.
         target = target_logits.argmax(-1)  # [R, K+1]

@@ -64,7 +64,7 @@ class _PaddedTargetNumerics:
 
 class _PaddedDraftNumerics:
     """The draft logits move by the noise of the draft forward's padded shape (the forward's own argument,
-    kept on the proposer for the forward only: `draft_logits` takes just the rows)."""
+    kept on the proposer for the forward only: `own_logits` takes just the rows)."""
 
     numerics_scale = 0.0
 
@@ -81,8 +81,8 @@ class _PaddedDraftNumerics:
         finally:
             del self.seam_padded_tokens
 
-    def draft_logits(self, row_hidden):
-        logits = super().draft_logits(row_hidden)
+    def own_logits(self, row_hidden):
+        logits = super().own_logits(row_hidden)
         return logits + self.numerics_scale * padding_noise(logits, self.builder.seam_padded, self.seam_padded_tokens)
 
 

@@ -9,8 +9,9 @@ Data flow, per drafted token:
       -> midlayer: q/k/v over concat(input_layernorm(embeds), hidden_norm(hidden)) [.., 2h],
                    residual = hidden, then post_attention_layernorm + SwiGLU MLP
     forward() returns the pre-norm output [T, h]: the next draft step's hidden input
-      -> logits(): norm, lm_head [draft_vocab, h], scattered into the target vocabulary
-                   through d2t (target id = draft id + d2t[draft id]; other ids -inf)
+      -> own_logits(): norm, lm_head [draft_vocab, h]: what drafting samples from, the drafted
+                   id mapped through d2t (target id = draft id + d2t[draft id]);
+         logits(): the same scattered into the target vocabulary (other ids -inf)
 
 NOTE: the fusion runs eagerly in the engine (`SpecDecodeEngine._draft` copies
 `fuse_target_hidden(features)` into the drafter's `hidden_states` buffer before
@@ -138,11 +139,27 @@ class DraftVocabLMHead(nn.Module):
     def target_ids(self) -> torch.Tensor:
         return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
+    def draft(self, normed: torch.Tensor) -> torch.Tensor:
+        """[N, h] -> [N, V_draft] float logits over the draft vocabulary."""
+        return self.proj(normed).float()
+
     def forward(self, normed: torch.Tensor) -> torch.Tensor:
         """[N, h] -> [N, V_target] float logits; target ids outside the draft vocabulary get -inf."""
-        draft = self.proj(normed).float()
+        return self.logits_to_target(self.draft(normed))
+
+    def logits_to_target(self, draft: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [N, V_draft] -> over the target's [N, V_target] (-inf elsewhere)."""
         out = draft.new_full((draft.shape[0], self.target_vocab_size), float("-inf"))
         return out.index_copy_(1, self.target_ids(), draft)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids [N] -> their target ids [N]."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def distribution_to_target(self, probs: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary [N, V_draft] -> over the target's [N, V_target] (0 elsewhere)."""
+        out = probs.new_zeros((probs.shape[0], self.target_vocab_size))
+        return out.index_copy_(1, self.target_ids(), probs)
 
 
 class Eagle3Head(FusedLayers):
@@ -188,7 +205,19 @@ class Eagle3Head(FusedLayers):
         return self.fc(features.to(self.fc.weight.dtype))
 
     def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(draft_hidden))
+        """Logits over the target vocabulary [N, V_target] (ids outside the draft vocabulary -inf)."""
+        return self.lm_head(rms_norm(self.norm, draft_hidden))
+
+    def own_logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [N, V_draft]: what drafting reduces over (`lm_head.to_target` maps
+        its ids), a quarter of the target vocabulary at Llama 3's 32k of 128k."""
+        return self.lm_head.draft(rms_norm(self.norm, draft_hidden))
+
+    @property
+    def vocab(self) -> DraftVocabLMHead:
+        """The map from the draft vocabulary to the target's (`to_target`, `logits_to_target`,
+        `distribution_to_target`)."""
+        return self.lm_head
 
     def decoder_layers(self) -> list[nn.Module]:
         return [self.midlayer]
