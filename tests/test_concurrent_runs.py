@@ -166,6 +166,52 @@ def test_a_run_waits_for_room_and_runs_alone_when_nothing_is_in_flight():
     assert state._next().name == "tiny"              # the first job that fits beside the one in flight
 
 
+class _Pipe:
+    def __init__(self):
+        self.sent, self.reply = [], None
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def recv(self):
+        return self.reply
+
+
+def _worker(index: int):
+    return SimpleNamespace(index=index, ready=True, job=None, conn=_Pipe())
+
+
+def _reply(state, worker, *message) -> None:
+    worker.conn.reply = message
+    state.receive(worker, None, None, 0)
+
+
+def test_a_run_out_of_memory_beside_others_runs_again_alone():
+    from parity.errors import OutOfDeviceMemory
+
+    concurrency = Concurrency(3, 3, "test", weights=0, budget=10 * GIB, overhead=0)
+    jobs = [Job(name, name, False, GIB) for name in ("eager", "full", "piecewise", "ref:full")]
+    state = _Schedule(concurrency, jobs, scenario_requests=1)
+    workers = [_worker(i) for i in range(3)]
+    state.dispatch(workers, None)
+    assert list(state.running) == ["eager", "full", "piecewise"]
+    _reply(state, workers[1], "failed", "full", OutOfDeviceMemory("out of device memory in full"))
+    assert [j.name for j in state.pending] == ["full", "ref:full"] and workers[1].job is None
+    state.dispatch(workers, None)
+    assert list(state.running) == ["eager", "piecewise"], "nothing starts while the retried run waits"
+    _reply(state, workers[0], "done", "eager", SimpleNamespace(memory=None))
+    assert state._next() is None                       # piecewise is still in flight
+    _reply(state, workers[2], "done", "piecewise", SimpleNamespace(memory=None))
+    state.dispatch(workers, None)
+    assert list(state.running) == ["full"], "the retried run runs alone"
+    _reply(state, workers[0], "done", "full", SimpleNamespace(memory=None))
+    state.dispatch(workers, None)
+    assert list(state.running) == ["ref:full"] and state.retried == ["full"]
+    # out of memory again, or with nothing beside it, the run fails as it would have in one process
+    with pytest.raises(OutOfDeviceMemory):
+        _reply(state, workers[1], "failed", "ref:full", OutOfDeviceMemory("out of device memory in ref:full"))
+
+
 def test_critical_path_of_known_spans():
     spans = {"eager": (10.0, 40.0), "ref:full": (10.0, 20.0), "full": (20.01, 30.0), "piecewise": (30.02, 45.0)}
     path = critical_path(spans, origin=9.0)
@@ -213,3 +259,5 @@ def test_the_line_says_how_the_runs_went():
     assert "bounded by ref:full (critical path full -> ref:full)" in line
     assert "concurrency 1.89 (83.0 s of runs in 44.0 s)" in line and "vs plan 22.00 GiB" in line
     assert concurrency_line(None) is None
+    again = concurrency_line({**block, "retried_alone": ["ref:full"]})
+    assert "ref:full ran out of device memory beside other runs and ran again alone" in again

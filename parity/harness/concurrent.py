@@ -11,6 +11,14 @@ sequential plan has been checked already). It returns each run, its span
 (start and end on this process's clock) and, on CUDA, the device's memory
 use sampled while the workers ran.
 
+The plan predicts each run's allocations; what a process holds beside them
+(its allocator's cache, its context, cuBLAS's workspaces) is an estimate. A
+run that runs out of device memory while others are in flight runs again,
+alone: it goes first in line, waits until every run in flight has ended, and
+nothing starts beside it. Runs do not read each other's results, so the run
+is the one it would have been; the result lists it (`retried_alone`). A run
+that runs out of memory alone fails as it would have in this process.
+
 A run in a worker sees its own allocations only; the weights it maps are
 added to its memory figures, so they compare with the plan and with a run in
 one process. The first failure stops every worker and is raised here, as it
@@ -28,6 +36,7 @@ from multiprocessing.connection import wait
 
 import torch
 
+from parity.errors import OutOfDeviceMemory
 from parity.harness import warm
 from parity.harness.concurrency import Concurrency, Job
 from parity.harness.run_context import NotSendable, RunContext
@@ -84,7 +93,7 @@ class RunPool:
         c = self.concurrency
         planned = c.weights + c.jobs * c.overhead + state.peak_planned
         return {"runs": state.done, "spans": state.spans, "device": sampler.figures(weights),
-                "planned_peak_bytes": planned}
+                "planned_peak_bytes": planned, "retried_alone": state.retried}
 
 
 class _Schedule:
@@ -98,6 +107,7 @@ class _Schedule:
         self.spans: dict[str, tuple[float, float]] = {}
         self.started: dict[str, float] = {}
         self.peak_planned = 0
+        self.retried: list[str] = []     # runs out of memory beside others, run again alone
 
     def dispatch(self, workers: list[Worker], progress) -> None:
         if not all(w.ready for w in workers):     # none starts before all can: a worker may yet refuse the context
@@ -118,9 +128,13 @@ class _Schedule:
             worker.conn.send((job.name, job.mode, job.reference))
 
     def _next(self) -> Job | None:
+        if any(name in self.retried for name in self.running):
+            return None                                     # a run retried alone has the device to itself
         room = self.concurrency.room()
         held = sum(j.bytes for j in self.running.values())
         for job in self.pending:
+            if job.name in self.retried:
+                return None if self.running else job        # first in line, once nothing is in flight
             if room is None or held + job.bytes <= room or not self.running:
                 return job
         return None
@@ -137,6 +151,9 @@ class _Schedule:
             if progress is not None:
                 progress.advance(name, value)
         elif kind == "failed":
+            if isinstance(value, OutOfDeviceMemory) and len(self.running) > 1 and name not in self.retried:
+                self._again_alone(worker, name)
+                return
             raise value
         elif kind == "unusable":
             raise NotSendable(value)
@@ -150,6 +167,12 @@ class _Schedule:
             worker.job = None
             if on_run is not None:
                 on_run(value)
+
+    def _again_alone(self, worker: Worker, name: str) -> None:
+        """The run `name` ran out of device memory beside others: first in line again, to run alone."""
+        self.pending.insert(0, self.running.pop(name))
+        self.retried.append(name)
+        worker.job = None
 
     def check_alive(self, workers: list[Worker]) -> None:
         for worker in workers:

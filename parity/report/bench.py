@@ -65,6 +65,9 @@ def concurrency_line(concurrency: dict | None) -> str | None:
                  f"{path['bounded_by']} (critical path {' -> '.join(path['path'])}); concurrency "
                  f"{path['concurrency']:.2f} ({path['busy_seconds']:.1f} s of runs in "
                  f"{path['runs_wall_seconds']:.1f} s)")
+    retried = concurrency.get("retried_alone")
+    if retried:
+        text += f"; {', '.join(retried)} ran out of device memory beside other runs and ran again alone"
     device = concurrency.get("device")
     if device:
         text += (f"; device peak {human(device['peak_bytes'])} (weights + every worker) vs plan "
