@@ -4,7 +4,8 @@ A graph bakes in the Python values its forward used at capture (a draft step
 index, a window start, a row count), and lacks the work of code that did not
 run at capture (an input None then: CAPTURE_CONTEXT). The experiments are the
 audit's (`audit/recaptures.py`) on the lab's host values (`Divergence.host_values`:
-the metadata's host fields, and its inputs absent at capture): each
+the owner's values the forward advances itself, `host_moves.moved`, the
+metadata's host fields, and its inputs absent at capture): each
 re-captures the forward from the capture-time metadata object (so the graph
 reads the very same addresses) with one value at its live value, and replays
 it on the live metadata, as the audit's localisation does on its shadow run.
