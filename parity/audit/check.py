@@ -27,7 +27,7 @@ from parity.audit import pool
 from parity.audit.cheap import Rebind, moved_names, reassigned
 from parity.audit.lab import ShadowLab
 from parity.audit.localise import localise
-from parity.audit.padded_writes import PaddedWrites, racing
+from parity.audit.padded_writes import Recorder, overlaps, racing
 from parity.audit.padding import padding_check
 from parity.audit.shaped import at_graph_shape
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
@@ -80,7 +80,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
         pool.after_replay(audit)
         pre.restore()
         num_valid, padded = audit.num_valid_now(), audit.padded_rows
-        watch = PaddedWrites(num_valid, padded) if num_valid is not None and padded and num_valid < padded else None
+        watch = Recorder(every=True) if num_valid is not None and padded and num_valid < padded else None
         # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape,
         # under the torch state the graph was captured in (default dtype and device, inference mode).
         with record.ambient.entered(), at_graph_shape(found, roots) as shaped:
@@ -93,7 +93,8 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
             replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
                                for ptr in eager.writes}
             lab = ShadowLab(audit, roots, args, kwargs, pre, eager, moved, shaped)
-            diagnoses = _judge(audit, lab, replayed, shaped, started, watch.found if watch else [])
+            diagnoses = _judge(audit, lab, replayed, shaped, started,
+                               overlaps(watch, num_valid, padded) if watch else [])
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()
