@@ -26,6 +26,10 @@ which reference the lab compares with, nor how the lab names a tensor.
   then, as `recaptures.HostValue`s keyed as `recapture` takes them;
   `skipped_writes()`: the names of what the reference writes and the graph
   never does;
+- `drifts()`: the roles held now as another view (offset, sizes, strides) of
+  the storage the graph captured, as `stride.Drift`s; `handed(drifts)`: does
+  the reference, run with those roles at the captured layouts, produce what the
+  graph produced, bit for bit (None: it cannot be run so)?
 - `diagnosis(kind, buffers, **found)`: the lab's record of a stage's verdict;
 - `replays`: every forward run so far to test a hypothesis; `ruled_out`: the
   experiments that did not restore parity, in order.
@@ -43,7 +47,8 @@ from parity.audit.experiments import copy_repairs
 from parity.audit.recaptures import HostValue
 from parity.audit.repairs import single
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
-from parity.audit.trace import storage_ptr
+from parity.audit.stride import Drift, at_captured_layout, drifted
+from parity.audit.trace import WriteLog, storage_ptr
 from parity.audit.writes import skipped_writes
 from parity.diagnosis.record import Diagnosis
 from parity.graphs.host_state import restore_in
@@ -71,6 +76,10 @@ class Lab(Protocol):
 
     def skipped_writes(self) -> list[str]: ...
 
+    def drifts(self) -> list: ...
+
+    def handed(self, drifts: list) -> bool | None: ...
+
     def diagnosis(self, kind: str, buffers, **found): ...
 
 
@@ -85,7 +94,7 @@ class ShadowLab:
     """A checked replay's workbench: the pre-replay state, the eager shadow run as reference, the graph."""
 
     def __init__(self, audit, roots: dict, args: tuple, kwargs: dict, pre: Snapshot, eager: Result,
-                 moved: dict | None = None, rebinds: list | None = None):
+                 moved: dict | None = None, rebinds: list | None = None, replayed: Result | None = None):
         self.audit = audit
         self.moved = moved or {}    # host values the callable advanced itself when run eagerly: path -> (a, b)
         self.record = audit.record
@@ -93,6 +102,7 @@ class ShadowLab:
         self.args, self.kwargs = args, kwargs
         self.pre = pre
         self.eager = eager
+        self.replayed = replayed        # what the real replay produced: outputs, and its bytes where eager writes
         self.rebinds = rebinds or []    # roles whose path reaches another tensor than at capture (`cheap.Rebind`)
         self.replays = 0
         self.ruled_out: list[str] = []
@@ -186,3 +196,49 @@ class ShadowLab:
     def skipped_writes(self) -> list[str]:
         """What the eager run writes and the captured graph never does (`writes.skipped_writes`)."""
         return skipped_writes(self)
+
+    def drifts(self) -> list[Drift]:
+        """Every role whose path reaches the captured storage, at the captured address and shape, at other
+        strides (other offsets and shapes are rebinds, which the copy repairs and the graph-shaped stand-ins
+        take)."""
+        found = []
+        for role in self.record.roles:
+            live = resolve(role.path, self.roots)
+            if drifted(role.tensor, live) and tuple(live.shape) == role.shape and live.data_ptr() == role.address:
+                found.append(Drift(role.name, "path", role.tensor, live, path=role.path))
+        return found
+
+    def handed(self, drifts: list[Drift]) -> bool | None:
+        """Run the callable eagerly from the pre-replay state with each path of `drifts` handed at the layout the
+        graph captured: does it produce what the replay produced, bit for bit? None when a layout does not fit."""
+        views = [at_captured_layout(d, d.live) for d in drifts]
+        if not drifts or any(v is None for v in views) or self.replayed is None:
+            return None
+        args, kwargs = list(self.args), dict(self.kwargs)
+        roots = {**self.roots, "args": args, "kwargs": kwargs}
+        self.pre.restore()
+        undo = [(d.path, resolve(d.path, roots)) for d in drifts]
+        try:
+            if not all(assign(d.path, roots, view) for d, view in zip(drifts, views)):
+                return None
+            eager, _ = shadow(self.record.fn, tuple(args), kwargs)
+        finally:
+            for path, old in reversed(undo):
+                if old is not MISSING:
+                    assign(path, roots, old)
+            self.pre.restore()
+        self.replays += 1
+        return compare(self.replayed, eager, self.record.output_names, layouts=self.layouts,
+                       defined=self.record.defined) is None
+
+
+def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
+    """`fn` run eagerly; its outputs and writes, already undone (also when fn raises)."""
+    log = WriteLog()
+    try:
+        with torch.no_grad(), log:
+            out = fn(*args, **kwargs)
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()}), log
+    finally:
+        log.undo()

@@ -7,9 +7,9 @@ import dataclasses
 import torch
 
 from parity.diagnosis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
-from parity.audit import repairs
+from parity.audit import repairs, stride
 from parity.diagnose import (capture_error, descriptor, host_moves, lifetime, padding, pool, rebound, recapture,
-                             reproducible, stride)
+                             reproducible)
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
 from parity.audit.state import delta

@@ -29,6 +29,7 @@ from parity.diagnosis.record import Diagnosis
 from parity.audit.recaptures import HostValue
 from parity.diagnose.host_moves import moved
 from parity.diagnose.readset import graph_writes, reference_writes, storage_roles
+from parity.diagnose import stride
 from parity.diagnose.repairs import repairs
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
 from parity.graphs import host_state
@@ -120,6 +121,14 @@ class Divergence:
     def skipped_writes(self) -> list[str]:
         """The roles the reference forward writes and the replayed graph never does (`readset.py`)."""
         return [] if self.entry is None else sorted(reference_writes(self) - graph_writes(self))
+
+    def drifts(self) -> list:
+        """The roles held as another view of the storage the graph captured (`diagnose/stride.py`)."""
+        return [] if self.entry is None else stride.drifts(self)
+
+    def handed(self, drifts: list) -> bool | None:
+        """Does the reference, with `drifts` handed at the captured layouts, produce the graph's outputs?"""
+        return stride.handed(self, drifts)
 
     def repairs(self) -> list:
         """What the graph read against what the live holders and the reference say it should read, as the

@@ -36,7 +36,7 @@ from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
-from parity.diagnose.ranks import shared
+from parity.audit.ranks import shared
 from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
 from parity.engine.buffers import FREE, poison_padding

@@ -26,7 +26,7 @@ import torch
 
 from parity.diagnosis.kinds import BUFFER_REASSIGNED
 from parity.diagnosis.record import Diagnosis
-from parity.diagnose import ranks
+from parity.audit import ranks
 from parity.diagnose.lab import Divergence
 from parity.diagnose.state import max_diff, outputs, registry_of
 from parity.graphs.tp_agree import agree_all, agree_any

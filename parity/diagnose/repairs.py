@@ -20,7 +20,7 @@ import torch
 
 from parity.audit.repairs import Repair, Unit
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
-from parity.diagnose import ranks
+from parity.audit import ranks
 from parity.diagnose.readset import reference_reads
 from parity.diagnose.state import registry_of
 from parity.graphs.manifest import live_object_tensor
