@@ -37,28 +37,12 @@ from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.audit.ranks import shared
+from parity.diagnose.repairs import breaches
 from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
 from parity.engine.buffers import FREE, poison_padding
 from parity.engine.padding_regions import advance_origin
 from parity.graphs.tp_agree import agree_all, agree_any, agree_same, agree_union
-
-
-def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, int]]:
-    """(name, tensor, padded region, entries off) of every INERT buffer whose padding is not its pad value."""
-    found = []
-    for name in buffers.names():
-        spec = buffers.spec(name)
-        region = spec.padded(dispatch)
-        if not spec.inert or region.stop <= region.start:
-            continue
-        inert = spec.inert_value(dispatch.num_tokens)
-        held = (buffers[name], getattr(meta, name, None))
-        for tensor in {t.data_ptr(): t for t in reversed(held) if t is not None}.values():
-            off = int((tensor[region] != inert).sum())
-            if off:
-                found.append((name, tensor, region, off))
-    return found
 
 
 def padded_kv_writes(lab: Divergence, run: str, watch=None) -> list[int]:
