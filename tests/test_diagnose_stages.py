@@ -18,7 +18,7 @@ import torch
 
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                     PADDING_LEAK)
-from parity.audit import repairs
+from parity.audit import handed, repairs
 from parity.diagnose import descriptor, padding, rebound, recapture, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
@@ -131,7 +131,7 @@ def test_the_host_stage_names_a_counter_the_forward_moves_and_the_repair_stage_r
     lab = locate(EngineParts(target_runner=ScheduledTarget), random_pair)
     assert repairs.stage(lab) is None
     assert lab.ruled_out == ["no tensor the reference reads differs from what the graph read"]
-    assert rebound.piecewise_outputs(lab) is None and rebound.pointed_back(lab) is None
+    assert rebound.piecewise_outputs(lab) is None and handed.pointed_back(lab) is None
     assert [(v.name, v.moved is not None) for v in lab.host_values()][:1] == [("schedule.step", True)]
     found = recapture.stage(lab)
     assert (found.kind, found.buffers) == (FROZEN_AT_CAPTURE, ["schedule.step"])

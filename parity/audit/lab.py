@@ -27,9 +27,11 @@ which reference the lab compares with, nor how the lab names a tensor.
   `skipped_writes()`: the names of what the reference writes and the graph
   never does;
 - `drifts()`: the roles held now as another view (offset, sizes, strides) of
-  the storage the graph captured, as `stride.Drift`s; `handed(drifts)`: does
-  the reference, run with those roles at the captured layouts, produce what the
-  graph produced, bit for bit (None: it cannot be run so)?
+  the storage the graph captured, as `handed.Drift`s; `rebound()`: the roles
+  held at a fresh tensor where the graph reads a persistent buffer another
+  holder still reaches; `handed(drifts)`: does the reference, run with those
+  roles handed as the graph reads them, produce what the graph produced, bit
+  for bit (None: it cannot be run so)?
 - `diagnosis(kind, buffers, **found)`: the lab's record of a stage's verdict;
 - `replays`: every forward run so far to test a hypothesis; `ruled_out`: the
   experiments that did not restore parity, in order.
@@ -47,7 +49,7 @@ from parity.audit.experiments import copy_repairs
 from parity.audit.recaptures import HostValue
 from parity.audit.repairs import single
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
-from parity.audit.stride import Drift, at_captured_layout, drifted
+from parity.audit.handed import Drift, at_captured_layout, drifted
 from parity.audit.trace import WriteLog, storage_ptr
 from parity.audit.writes import skipped_writes
 from parity.diagnosis.record import Diagnosis
@@ -77,6 +79,8 @@ class Lab(Protocol):
     def skipped_writes(self) -> list[str]: ...
 
     def drifts(self) -> list: ...
+
+    def rebound(self) -> list: ...
 
     def handed(self, drifts: list) -> bool | None: ...
 
@@ -208,10 +212,18 @@ class ShadowLab:
                 found.append(Drift(role.name, "path", role.tensor, live, path=role.path))
         return found
 
+    def rebound(self) -> list[Drift]:
+        """Roles a path reaches now at another tensor of the captured shape while another role still reaches the
+        captured storage (the persistent buffer: `cheap.Rebind.keeper`), to be pointed back at it."""
+        return [Drift(r.role.name, "path", r.role.tensor, r.live, path=r.role.path, rebound=True)
+                for r in self.rebinds if r.owned and r.real is None and r.live_tensor is not None
+                and r.live.shape == r.role.tensor.shape and r.live.dtype == r.role.tensor.dtype]
+
     def handed(self, drifts: list[Drift]) -> bool | None:
-        """Run the callable eagerly from the pre-replay state with each path of `drifts` handed at the layout the
-        graph captured: does it produce what the replay produced, bit for bit? None when a layout does not fit."""
-        views = [at_captured_layout(d, d.live) for d in drifts]
+        """Run the callable eagerly from the pre-replay state with each path of `drifts` handed as the graph reads
+        it (at the captured layout; a rebound one, the captured tensor): does it produce what the replay produced,
+        bit for bit? None when a layout does not fit."""
+        views = [d.captured if d.rebound else at_captured_layout(d, d.live) for d in drifts]
         if not drifts or any(v is None for v in views) or self.replayed is None:
             return None
         args, kwargs = list(self.args), dict(self.kwargs)

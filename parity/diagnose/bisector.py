@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from parity.diagnosis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
-from parity.audit import repairs, stride
+from parity.audit import handed, repairs
 from parity.diagnose import (capture_error, descriptor, host_moves, lifetime, padding, pool, rebound, recapture,
                              reproducible)
 from parity.diagnosis.record import Diagnosis
@@ -196,8 +196,8 @@ class PaddingBisector(Bisector):
 
 
 # The stages a divergent forward goes through, in order; the first diagnosis stands. The last always gives one.
-GRAPH_STAGES = (reproducible.stage, descriptor.stage, stride.stage, repairs.stage, rebound.piecewise_outputs,
-                rebound.pointed_back, recapture.stage)
+GRAPH_STAGES = (reproducible.stage, descriptor.stage, handed.stage, repairs.stage, rebound.piecewise_outputs,
+                handed.pointed_back, recapture.stage)
 EAGER_STAGES = (host_moves.stage,)
 
 

@@ -29,7 +29,7 @@ from parity.diagnosis.record import Diagnosis
 from parity.audit.recaptures import HostValue
 from parity.diagnose.host_moves import moved
 from parity.diagnose.readset import graph_writes, reference_writes, storage_roles
-from parity.diagnose import stride
+from parity.diagnose import handed
 from parity.diagnose.repairs import repairs
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
 from parity.graphs import host_state
@@ -123,12 +123,16 @@ class Divergence:
         return [] if self.entry is None else sorted(reference_writes(self) - graph_writes(self))
 
     def drifts(self) -> list:
-        """The roles held as another view of the storage the graph captured (`diagnose/stride.py`)."""
-        return [] if self.entry is None else stride.drifts(self)
+        """The roles held as another view of the storage the graph captured (`diagnose/handed.py`)."""
+        return [] if self.entry is None else handed.drifts(self)
+
+    def rebound(self) -> list:
+        """The roles held at a fresh tensor where the graph read the persistent buffer (`diagnose/handed.py`)."""
+        return [] if self.entry is None else handed.rebound(self)
 
     def handed(self, drifts: list) -> bool | None:
-        """Does the reference, with `drifts` handed at the captured layouts, produce the graph's outputs?"""
-        return stride.handed(self, drifts)
+        """Does the reference, with `drifts` handed as the graph reads them, produce the graph's outputs?"""
+        return handed.handed(self, drifts)
 
     def repairs(self) -> list:
         """What the graph read against what the live holders and the reference say it should read, as the

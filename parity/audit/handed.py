@@ -1,28 +1,30 @@
-"""Stride drift: the graph reads a role's storage at the layout it captured, the eager path hands another.
+"""The reference handed what the graph read: a role held otherwise than the graph captured it.
 
-A captured graph bakes in more than an address: each kernel reads its input at
-the storage offset, sizes and strides the tensor had at capture. When the code
-later hands the same role as another view of the same storage (a buffer re-viewed
-per batch at another row pitch, a state or KV tensor re-laid after capture;
-vLLM #50046, #51318), the address check sees nothing (the storage is the one
-captured), eager code writes and reads through the live view and stays right,
-and the graph reads the same bytes at the captured stride.
+Two ways a role's holder can part from what a graph reads, both invisible to a
+copy into the captured tensor, and one experiment for both, on any lab: the
+reference is re-run with the role handed as the graph reads it; if it then
+produces the graph's outputs bit for bit, that one rebinding is the difference:
+BUFFER_REASSIGNED, naming the role.
 
-One general comparison, then a one-variable experiment, on any lab:
-
-- `lab.drifts()`: every tensor the graph captured under a role that the role
-  now holds as another (offset, sizes, strides) of the same storage
-  (`drifted`); the harness's lab looks at the capture-time metadata, the KV
-  cache and the owner's attributes, the audit's at every role's path;
-- `lab.handed(drifts)`: the reference re-run with those roles handed as views
-  of its own storage at the captured layout (`at_captured_layout`); if it then
-  produces the graph's outputs bit for bit, the layout is the difference:
-  BUFFER_REASSIGNED (the holder rebound the role to a new view), naming the
-  role, the captured and the live layout. Every tensor of one role is one
-  variable (the KV cache's layers); when no role does alone but all together
-  do (views cut anew from one workspace), delta debugging finds the smallest
-  set, and the workspace is named first. Under TP every rank's drifted roles
-  are tried (`ranks.candidates`).
+- `stage`, a layout drift (`lab.drifts()`): the role holds another (offset,
+  sizes, strides) of the storage the graph captured (a buffer re-viewed per
+  batch at another row pitch, a state or KV tensor re-laid after capture; vLLM
+  #50046, #51318); eager code writes and reads through the live view, the graph
+  reads the same bytes at the captured stride. The reference gets a view of its
+  own storage at the captured layout (`at_captured_layout`). Every tensor of
+  one role is one variable (the KV cache's layers); when no role does alone but
+  all together do (views cut anew from one workspace), delta debugging finds
+  the smallest set, and the workspace is named first. The harness's lab looks
+  at the capture-time metadata, the KV cache and the owner's attributes, the
+  audit's at every role's path.
+- `pointed_back`, a rebound role (`lab.rebound()`): the role holds a fresh
+  tensor while the graph reads the persistent buffer, which another holder of
+  the role still reads (RoPE from the registry, attention from the metadata),
+  so copying the fresh values into the buffer would change the reads that were
+  right too. The reference gets the persistent buffer back for that role. Run
+  after the repairs, which name the simpler cases.
+Under TP every rank's roles are tried (`ranks.candidates`), a plain re-run on a
+rank where a role did not move (`lab.handed` with nothing of its own).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Drift:
     live: torch.Tensor      # what the role holds now
     index: int = -1         # "kv cache": the tensor's place in the cache
     path: object = None     # a `roles.Path` to the role, where the lab has one
+    rebound: bool = False   # another tensor than captured (`pointed_back`), not another view of it (`stage`)
 
 
 def layout(t: torch.Tensor) -> tuple:
@@ -71,30 +74,42 @@ def stage(lab):
     """BUFFER_REASSIGNED of the first drifted role whose captured layout, handed to the reference, makes it
     produce the graph's outputs bit for bit, or of the smallest set that does only together; None (ruled out)
     otherwise."""
+    return _search(lab, lab.drifts(), "stride", "hand the reference {} at the layout the graph captured")
+
+
+def pointed_back(lab):
+    """BUFFER_REASSIGNED of the first rebound role whose persistent buffer, handed back to the reference, makes it
+    produce the graph's outputs bit for bit; None (ruled out) otherwise."""
+    return _search(lab, lab.rebound(), "pointed back", "point the reference's {} back at the persistent buffer")
+
+
+def _search(lab, drifts: list[Drift], label: str, tried: str):
     groups: dict[str, list[Drift]] = {}
-    for drift in lab.drifts():
+    for drift in drifts:
         groups.setdefault(f"{drift.name} ({drift.holder})", []).append(drift)
-    found = ranks.candidates("stride: drifted roles", groups, lambda group: None)
+    found = ranks.candidates(f"{label}: roles", groups, lambda group: None)
 
     def handed(chosen) -> bool | None:
         return lab.handed([drift for c in chosen for drift in (c.local or [])])
 
     for candidate in found:
         if handed([candidate]):
-            return ranks.shared("stride: diagnosis", _named(lab, [candidate.local]) if candidate.local else None)
+            return ranks.shared(f"{label}: diagnosis", _named(lab, [candidate.local]) if candidate.local else None)
     if len(found) > 1 and handed(found):
         smallest = ddmin(found, lambda chosen: bool(handed(chosen)))
         held = [c.local for c in smallest if c.local]
-        return ranks.shared("stride: diagnosis", _named(lab, held) if len(held) == len(smallest) else None)
-    lab.ruled_out += [f"hand the reference {c.key} at the layout the graph captured" for c in found]
+        return ranks.shared(f"{label}: diagnosis", _named(lab, held) if len(held) == len(smallest) else None)
+    lab.ruled_out += [tried.format(c.key) for c in found]
     if len(found) > 1:
-        lab.ruled_out.append("hand the reference every drifted role at once at the layouts the graph captured")
+        lab.ruled_out.append(tried.format("every role at once"))
     return None
 
 
 def _named(lab, groups: list[list[Drift]]):
     """The roles handed at their captured layouts together; when several views of one storage moved, that
     storage (the workspace they are cut from) is named first."""
+    if groups[0][0].rebound:
+        return _pointed(lab, [group[0] for group in groups])
     evidence, handed = [], []
     for group in groups:
         drift = group[0]
@@ -120,3 +135,16 @@ def _named(lab, groups: list[list[Drift]]):
     first = groups[0][0]
     return lab.diagnosis(BUFFER_REASSIGNED, names, captured=first.captured.data_ptr(), live=first.live.data_ptr(),
                          evidence=evidence + [experiment], experiment=experiment, ruled_out=list(lab.ruled_out))
+
+
+def _pointed(lab, drifts: list[Drift]):
+    """The rebound roles pointed back at their persistent buffers together."""
+    names = [d.name for d in drifts]
+    experiment = (f"re-run the reference with {', '.join(names)} pointed back at the persistent buffer the graph "
+                  f"captured{' (together)' if len(drifts) > 1 else ''}: it produces the graph's outputs bit for bit")
+    evidence = [f"buffer_reassigned: {d.name} ({d.holder}), captured {d.captured.data_ptr():#x}, live "
+                f"{d.live.data_ptr():#x}: the {d.holder} rebound it to a fresh tensor; the persistent buffer the "
+                "graph reads kept its old values" for d in drifts]
+    return lab.diagnosis(BUFFER_REASSIGNED, names, captured=drifts[0].captured.data_ptr(),
+                         live=drifts[0].live.data_ptr(), evidence=evidence + [experiment], experiment=experiment,
+                         ruled_out=list(lab.ruled_out))

@@ -1,13 +1,16 @@
-"""Stride drift at the divergent forward: the roles `audit/stride.py`'s shared stage tries, and its re-run.
+"""What `audit/handed.py`'s shared stages try at the divergent forward, and the reference's re-run they ask for.
 
 `drifts`: every tensor the graph captured under a role (the capture-time
 metadata object's fields, the KV cache's tensors, the owner object's
 attributes) that the role holds at the divergent forward as another view of
-the same storage. `handed`: the reference re-run with those roles handed at
-the captured layout (a metadata field in a copy of its metadata, a KV or
-attribute role swapped on the reference's cache or owner while it runs),
-compared with the graph run's outputs (`Divergence.drifts`,
-`Divergence.handed`).
+the same storage. `rebound`: every role the reference reads through the
+metadata object at a tensor its persistent buffer does not share, where the
+graph read the persistent buffer. `handed`: the reference re-run with those
+roles handed as the graph reads them (a metadata field in a copy of its
+metadata, at the captured layout or pointed back at the reference's own
+buffer; a KV or attribute role swapped on the reference's cache or owner while
+it runs), compared with the graph run's outputs (`Divergence.drifts`,
+`Divergence.rebound`, `Divergence.handed`).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from contextlib import contextmanager
 
 import torch
 
-from parity.audit.stride import Drift, at_captured_layout, drifted
-from parity.diagnose.state import max_diff, outputs
+from parity.audit.handed import Drift, at_captured_layout, drifted
+from parity.diagnose.readset import reference_reads
+from parity.diagnose.state import max_diff, outputs, registry_of
 from parity.graphs.manifest import OBJECT_ROOT, live_object_tensor
 from parity.graphs.roles import assign
 from parity.graphs.tp_agree import agree_all, agree_any
@@ -44,14 +48,38 @@ def drifts(lab) -> list[Drift]:
     return found
 
 
+def rebound(lab) -> list[Drift]:
+    """Roles the reference reads through the metadata object at a tensor its persistent buffer does not share,
+    where the graph read the persistent buffer."""
+    registry = registry_of(lab.ref, lab.ev_r.owner)
+    captured: dict = {}
+    for e in lab.entry.manifest:
+        if e.holder == "registry":
+            captured.setdefault(e.name, e.tensor)
+    return [Drift(name, "metadata object", captured[name], getattr(lab.ev_g.meta, name), rebound=True)
+            for name, holders in sorted(reference_reads(lab).items())
+            if "metadata object" in holders and name in registry and name in captured
+            and isinstance(getattr(lab.ev_g.meta, name, None), torch.Tensor)]
+
+
+def _pointed_back(field: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor | None:
+    """The reference's persistent buffer at the field's rows; None when it cannot hold them."""
+    if buffer.dim() != field.dim() or buffer.shape[0] < field.shape[0] or buffer.shape[1:] != field.shape[1:]:
+        return None
+    return buffer[: field.shape[0]]
+
+
 @contextmanager
 def handed_at_captured_layout(lab, group: list[Drift]):
-    """The reference's metadata with every tensor of one role handed at the captured layout (KV and object
-    roles are swapped on the reference's cache / owner while the block runs); yields None when the reference
-    has no such role or a layout does not fit its storage."""
+    """The reference's metadata with every role of `group` handed as the graph reads it (KV and object roles are
+    swapped on the reference's cache / owner while the block runs); yields None when the reference has no such
+    role or cannot hold it so."""
     meta, swaps = lab.ev_r.meta, []
     for drift in group:
-        if drift.holder == "metadata object":
+        if drift.rebound:
+            view = _pointed_back(getattr(meta, drift.name), registry_of(lab.ref, lab.ev_r.owner)[drift.name])
+            meta = None if view is None else dataclasses.replace(meta, **{drift.name: view})
+        elif drift.holder == "metadata object":
             view = at_captured_layout(drift, getattr(meta, drift.name))
             meta = None if view is None else dataclasses.replace(meta, **{drift.name: view})
         else:
@@ -82,12 +110,12 @@ def _held(lab, drift: Drift):
 
 
 def handed(lab, group: list[Drift]) -> bool | None:
-    """Re-run the reference with every role of `group` handed at its captured layout: does it produce the graph's
-    outputs bit for bit (on every rank)? None, and no re-run, when no rank can hand them (a layout that does not
-    fit the reference's storage); a rank that has none of them re-runs it unchanged."""
+    """Re-run the reference with every role of `group` handed as the graph reads it: does it produce the graph's
+    outputs bit for bit (on every rank)? None, and no re-run, when no rank can hand them (a layout or a buffer
+    that does not fit the reference's); a rank that has none of them re-runs it unchanged."""
     d, fn = lab.ev_r.dispatch, lab.forward("ref")
     with handed_at_captured_layout(lab, group) as meta:
-        if not agree_any("stride: a layout fits", meta is not None and bool(group)):
+        if not agree_any("handed: the roles fit", meta is not None and bool(group)):
             return None
         # Memory both runs reach (a workspace of the model they share) as the graph's forward found it, then the
         # reference's own pre-state: the re-run reads through the captured views what the replay read.
@@ -97,4 +125,4 @@ def handed(lab, group: list[Drift]) -> bool | None:
         returned = fn(d.num_tokens_padded, d.num_reqs_padded, meta if group and meta is not None else lab.ev_r.meta)
     out = outputs(lab.ref, lab.ev_r, returned)     # the KV cache compared through its live tensors, as the graph's
     lab.restore("ref")
-    return agree_all("stride: the reference produces the graph's outputs", max_diff(out, lab.out_g)[0] == 0)
+    return agree_all("handed: the reference produces the graph's outputs", max_diff(out, lab.out_g)[0] == 0)
