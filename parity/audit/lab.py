@@ -39,6 +39,7 @@ which reference the lab compares with, nor how the lab names a tensor.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -139,24 +140,30 @@ class ShadowLab:
 
     def recapture(self, overrides: dict) -> Recaptured:
         """Re-capture the callable with `overrides` ({Path: value}) applied to the live objects, then undo them."""
+        self.pre.restore()       # NOTE: first: it puts the host values back too, the overrides' included
+        with self._assigned(overrides) as (roots, args, kwargs):
+            def start():
+                """Before each call (a warm-up moves what the callable advances): the pre-replay host values, then
+                the overrides."""
+                restore_in(self.pre.host, self.roots)
+                for path, value in overrides.items():
+                    assign(path, roots, value)
+            graph, outputs = self.audit.backend.recapture(self.record.fn, tuple(args), kwargs, start)
+        return Recaptured(graph, [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)])
+
+    @contextmanager
+    def _assigned(self, paths):
+        """(roots, args, kwargs): the callable's roots with copies of its arguments; whatever the block assigns
+        at `paths` is put back after."""
         args, kwargs = list(self.args), dict(self.kwargs)
         roots = {**self.roots, "args": args, "kwargs": kwargs}
-        self.pre.restore()       # NOTE: first: it puts the host values back too, the overrides' included
-        undo = [(path, resolve(path, roots)) for path in overrides]
-
-        def start():
-            """Before each call (a warm-up moves what the callable advances): the pre-replay host values, then
-            the overrides."""
-            restore_in(self.pre.host, self.roots)
-            for path, value in overrides.items():
-                assign(path, roots, value)
+        undo = [(path, resolve(path, roots)) for path in paths]
         try:
-            graph, outputs = self.audit.backend.recapture(self.record.fn, tuple(args), kwargs, start)
+            yield roots, args, kwargs
         finally:
             for path, old in reversed(undo):
                 if old is not MISSING:
                     assign(path, roots, old)
-        return Recaptured(graph, [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)])
 
     def name(self, tensor: torch.Tensor) -> str | None:
         """The shortest path from the callable's roots that reaches the tensor's storage."""
@@ -226,18 +233,13 @@ class ShadowLab:
         views = [d.captured if d.rebound else at_captured_layout(d, d.live) for d in drifts]
         if not drifts or any(v is None for v in views) or self.replayed is None:
             return None
-        args, kwargs = list(self.args), dict(self.kwargs)
-        roots = {**self.roots, "args": args, "kwargs": kwargs}
         self.pre.restore()
-        undo = [(d.path, resolve(d.path, roots)) for d in drifts]
         try:
-            if not all(assign(d.path, roots, view) for d, view in zip(drifts, views)):
-                return None
-            eager, _ = shadow(self.record.fn, tuple(args), kwargs)
+            with self._assigned([d.path for d in drifts]) as (roots, args, kwargs):
+                if not all(assign(d.path, roots, view) for d, view in zip(drifts, views)):
+                    return None
+                eager, _ = shadow(self.record.fn, tuple(args), kwargs)
         finally:
-            for path, old in reversed(undo):
-                if old is not MISSING:
-                    assign(path, roots, old)
             self.pre.restore()
         self.replays += 1
         return compare(self.replayed, eager, self.record.output_names, layouts=self.layouts,

@@ -19,7 +19,7 @@ experiment), then three experiments, each changing one thing:
    real outputs are named.
 
 When the breach is a draft step's, one more experiment asks where it came
-from (`unstable_pad_rows`): padded rows held at their registered pad values are
+from (`engine.padding_regions.advance_origin`): padded rows held at their registered pad values are
 advanced one step by the owner's own builder, on a copy; a padded entry that
 leaves its pad value means the contract itself is not a fixed point of the
 builder, and the field whose empty value (0) keeps every entry at its pad is
@@ -150,7 +150,7 @@ def stage(lab: Divergence) -> Diagnosis:
                       "bitwise parity between the poisoned and the clean reference is restored")
         evidence.append(experiment)
         if ev_p.phase == "draft_step":
-            origin, origin_evidence = unstable_pad_rows(owner, ev_p)
+            origin, origin_evidence = advance_origin(owner, ev_p.dispatch, ev_p.meta)
             evidence += origin_evidence
             names = sorted(set(names) | set(origin))
         return lab.diagnosis(PADDING_LEAK, names, evidence=evidence, experiment=experiment)
@@ -169,11 +169,6 @@ def stage(lab: Divergence) -> Diagnosis:
     ruled_out = ["set the contract's padded entries inert in both references", "KV writes of padded tokens",
                  "poison each free padded input alone"]
     return lab.diagnosis(UNEXPLAINED, [], evidence=evidence, ruled_out=lab.ruled_out + ruled_out)
-
-
-def unstable_pad_rows(owner, event) -> tuple[list[str], list[str]]:
-    """Does the builder's step advance keep padded rows at their registered pad values? (`advance_origin`)"""
-    return advance_origin(owner, event.dispatch, event.meta)
 
 
 def _run_repaired(lab: Divergence, run: str, subset) -> tuple:
