@@ -40,7 +40,7 @@ from parity.audit.ranks import shared
 from parity.diagnose.repairs import breaches
 from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
-from parity.engine.buffers import FREE, poison_padding
+from parity.engine.buffers import FREE, fill_like_live, poison_padding
 from parity.engine.padding_regions import advance_origin
 from parity.graphs.tp_agree import agree_all, agree_any, agree_same, agree_union
 
@@ -191,24 +191,12 @@ def free_inputs_that_matter(lab: Divergence) -> list[str]:
     matter = []
     for name in names:
         lab.restore("ref")
-        poison_padding(_Only(owner.buffers, name), lab.ev_r.dispatch, salt=1)
+        spec, d = owner.buffers.spec(name), lab.ev_r.dispatch     # `poison_padding` of this one buffer
+        fill_like_live(owner.buffers[name], spec.used(d.num_tokens, d.num_reqs), spec.padded(d), "A", 1)
         if agree_any("padding: a free input matters", max_diff(lab.out_r, lab.rerun("ref"))[0] != 0):
             matter.append(name)
     lab.restore("ref")
     return matter
-
-
-class _Only:
-    """A view of a registry holding one buffer, so the poisoner touches that buffer alone."""
-
-    def __init__(self, buffers, name: str):
-        self._buffers, self._name = buffers, name
-
-    def items(self):
-        return [(self._name, self._buffers[self._name])]
-
-    def spec(self, name: str):
-        return self._buffers.spec(name)
 
 
 def slot_list(slots) -> str:
