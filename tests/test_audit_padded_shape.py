@@ -143,7 +143,7 @@ def test_the_shared_recorder_names_the_index_buffer_a_padded_row_writes_or_a_liv
         return recorder
     first = run()
     assert overwrites(first, live, persistent)[:2] == (["slots"], ["cache"])
-    assert [(o.elements, o.example) for o in overlaps(first, 3, 4)] == [(1, 1)]
+    assert [hit for _, hit in overlaps(first, 3, 4)] == [(1, 1)]
     state[5] = float("nan")                          # a live row's element differs between the runs
     assert routed(first, run(), live, persistent)[0] == ["rows"]
     slots[3] = 3                                     # the padded row writes its own element: nothing named

@@ -43,15 +43,6 @@ aten = torch.ops.aten
 READS = (aten.index_select.default, aten.gather.default, aten.index.Tensor)
 
 
-@dataclass
-class Overlap:
-    op: str
-    dest: torch.Tensor                 # the tensor written (the op's destination)
-    indices: list[torch.Tensor]        # the op's index tensors, as passed
-    elements: int                      # index targets written by a padded row and a real row alike
-    example: int                       # one such target (a flat index into the targets of the op)
-
-
 def _flat_targets(sizes: list[int], coords: list[torch.Tensor]) -> torch.Tensor:
     """Row-major flat ids of the coordinates (each normalised into [0, size))."""
     flat = torch.zeros_like(coords[0])
@@ -169,14 +160,11 @@ class Recorder(RegionAware):
         return Access(str(func), False, source, indices, name, flat, values.detach().clone())
 
 
-def overlaps(recorder: Recorder, num_valid: int, padded: int) -> list[Overlap]:
-    """The recorded writes whose padded rows (`num_valid..padded-1`) target what their real rows target."""
-    found = []
-    for a in (a for a in recorder.accesses if a.write):
-        hit = overlap(a.flat, num_valid, padded)
-        if hit is not None:
-            found.append(Overlap(a.op, a.tensor, a.indices, *hit))
-    return found
+def overlaps(recorder: Recorder, num_valid: int, padded: int) -> list[tuple[Access, tuple[int, int]]]:
+    """(write, (how many, one) targets) of the recorded writes whose padded rows (`num_valid..padded-1`) target
+    what their real rows target."""
+    hits = [(a, overlap(a.flat, num_valid, padded)) for a in recorder.accesses if a.write]
+    return [(a, hit) for a, hit in hits if hit is not None]
 
 
 def overwrites(recorder: Recorder, live, persistent: dict[int, str]) -> tuple[list[str], list[str], list[str]]:
@@ -239,20 +227,17 @@ def _name_of(t: torch.Tensor, record, found) -> str | None:
     return roles[0].name if roles else None
 
 
-def racing(overlaps: list[Overlap], record, found, num_valid: int, padded: int) -> tuple[list[str], list[str]]:
+def racing(overlaps: list, record, found, num_valid: int, padded: int) -> tuple[list[str], list[str]]:
     """(buffers, evidence) of a PADDING_LEAK told from the overlaps: the index inputs of the writes, in order."""
     names, evidence = [], []
-    layouts = record.layouts
-    for o in overlaps:
-        inputs = [n for n in (_name_of(i, record, found) for i in o.indices) if n is not None]
+    dest = [record.layouts.get(a.storage, (f"a {tuple(a.tensor.shape)} tensor",))[0] for a, _ in overlaps]
+    for (a, (elements, example)), written in zip(overlaps, dest):
+        inputs = [n for n in (_name_of(i, record, found) for i in a.indices) if n is not None]
         names += [n for n in inputs if n not in names]
-        dest = layouts.get(o.dest.untyped_storage().data_ptr(), (f"a {tuple(o.dest.shape)} tensor",))[0]
-        evidence.append(f"{o.op} writing {dest}: the padded rows {num_valid}..{padded - 1} target {o.elements} "
-                        f"element(s) a real row targets in the same op (flat target {o.example}), indexed by "
+        evidence.append(f"{a.op} writing {written}: the padded rows {num_valid}..{padded - 1} target {elements} "
+                        f"element(s) a real row targets in the same op (flat target {example}), indexed by "
                         f"{', '.join(inputs) or 'indices computed inside the callable'}")
-    if not names:
-        names = [layouts.get(o.dest.untyped_storage().data_ptr(), (f"a {tuple(o.dest.shape)} tensor",))[0]
-                 for o in overlaps[:1]]
+    names = names or dest[:1]
     evidence.append("where two rows of one kernel write one element, the order is undefined on CUDA: real rows "
                     "race with padding, so the replay and eager differ by chance and no one-variable experiment "
                     "is run; told from the indices alone, the same on every backend")

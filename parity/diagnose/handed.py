@@ -1,16 +1,10 @@
-"""What `audit/handed.py`'s shared stages try at the divergent forward, and the reference's re-run they ask for.
+"""The roles `audit/handed.py`'s stages hand the reference at the divergent forward, and the re-run they ask.
 
-`drifts`: every tensor the graph captured under a role (the capture-time
-metadata object's fields, the KV cache's tensors, the owner object's
-attributes) that the role holds at the divergent forward as another view of
-the same storage. `rebound`: every role the reference reads through the
-metadata object at a tensor its persistent buffer does not share, where the
-graph read the persistent buffer. `handed`: the reference re-run with those
-roles handed as the graph reads them (a metadata field in a copy of its
-metadata, at the captured layout or pointed back at the reference's own
-buffer; a KV or attribute role swapped on the reference's cache or owner while
-it runs), compared with the graph run's outputs (`Divergence.drifts`,
-`Divergence.rebound`, `Divergence.handed`).
+`drifts`: views of a captured storage at another layout (the capture-time
+metadata's fields, the KV cache, the owner's attributes); `rebound`: metadata
+roles at a fresh tensor where the graph read the persistent buffer; `handed`:
+the reference re-run with them handed as the graph reads them, against the
+graph run's outputs (`Divergence.drifts`, `.rebound`, `.handed`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """Host state the forward advances itself: a counter, an RNG offset, a step index kept on the owner object.
 
-Eager code moves it at every call (`self.calls += 1`, `self.rng_offset += n`);
-a capture runs the Python once, and a replay runs none: every replay reads
-the value its capture read, and the counter stops. The reference shows it
-directly: the owner's host values before and after the divergent forward
-(`state.snapshot` holds them, `state.restore` puts them back, so re-runs
-start from the same host state) differ at the attribute the forward moved
-(`moved_by`).
-
+Eager code moves it at every call (`self.calls += 1`); a capture runs the
+Python once and a replay runs none, so every replay reads the value its capture
+read. The reference shows it: the owner's host values before and after the
+divergent forward differ at the attribute the forward moved (`moved_by`).
 - a graph replay: each such attribute is one of the lab's host values
-  (`Divergence.host_values`, by its `Path`, with the reference's value as the
-  live one and what it moved as `moved`), and the audit's re-capture
-  experiments (`audit/recaptures.py`) name it FROZEN_AT_CAPTURE as they name
-  the audit's own moved values;
+  (`Divergence.host_values`, by `Path`, the reference's value as the live one,
+  what it moved as `moved`), and the audit's re-capture experiments
+  (`audit/recaptures.py`) name it FROZEN_AT_CAPTURE, as they name the audit's;
 - an eager forward of the graph run (its captures moved the counter, its
-  replays did not, so it starts from another value; `stage`): re-run it from
-  its pre-state with only that attribute at the reference's value; unchanged
-  (the control), it diverges. The one that restores bitwise parity is
-  FROZEN_AT_CAPTURE, named by its attribute path.
+  replays did not, so it starts from another value; `stage`): re-run from its
+  pre-state with only that attribute at the reference's value, unchanged (the
+  control) it diverges: FROZEN_AT_CAPTURE, named by its attribute path.
 """
 
 from __future__ import annotations
