@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from parity.audit import audited_graph, emulated
-from parity.audit.padded_writes import overlap, targets
+from parity.audit.padded_writes import Recorder, overlap, overlaps, overwrites, routed, targets
 from parity.audit.shaped import graph_shaped
 
 TRASH = 7
@@ -124,3 +124,27 @@ def test_a_smaller_live_tensor_is_seen_at_the_captured_shape_with_the_graphs_pad
     assert graph_shaped(captured, torch.zeros(4, 3, dtype=torch.long)) is None        # larger: no stand-in
     assert graph_shaped(captured, torch.zeros(2, 3)) is None                          # another dtype
     assert graph_shaped(captured, captured.clone()) is None                           # the same shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_shared_recorder_names_the_index_buffer_a_padded_row_writes_or_a_live_row_reads_through(device):
+    """The rules the audit's shadow run and the harness's re-runs share (`padded_writes.Recorder`): a padded row
+    (row 3 of 4) writing a live row's element names the write's index; live rows whose index entries agree in
+    two runs yet read different values name the read's index, not the tensor read."""
+    state, cache = torch.arange(8.0, device=device), torch.zeros(8, device=device)
+    rows, slots = torch.tensor([5, 6, 7, 0], device=device), torch.tensor([0, 1, 2, 1], device=device)
+    names = {rows.untyped_storage().data_ptr(): "rows", slots.untyped_storage().data_ptr(): "slots"}
+    persistent = {state.untyped_storage().data_ptr(): "state", cache.untyped_storage().data_ptr(): "cache"}
+    live = lambda index, n: 3 if n == 4 else None   # noqa: E731 (3 live rows of a padded 4)
+
+    def run() -> Recorder:
+        with Recorder(names) as recorder:
+            cache.index_copy_(0, slots, state.index_select(0, rows))
+        return recorder
+    first = run()
+    assert overwrites(first, live, persistent)[:2] == (["slots"], ["cache"])
+    assert [hit for _, hit in overlaps(first, 3, 4)] == [(1, 1)]
+    state[5] = float("nan")                          # a live row's element differs between the runs
+    assert routed(first, run(), live, persistent)[0] == ["rows"]
+    slots[3] = 3                                     # the padded row writes its own element: nothing named
+    assert overwrites(run(), live, persistent)[0] == [] and overlaps(run(), 3, 4) == []

@@ -18,8 +18,8 @@ import torch
 
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                     PADDING_LEAK)
-from parity.audit import repairs
-from parity.diagnose import descriptor, host_moves, padding, rebound, recapture, reproducible
+from parity.audit import handed, repairs
+from parity.diagnose import descriptor, padding, rebound, recapture, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
@@ -105,7 +105,7 @@ def test_the_recapture_stage_names_the_write_a_graph_captured_without_its_input_
     monkeypatch.setattr(paged_attention, "write_kv",    # attention caches nothing when there are no slots
                         lambda k, v, slots, key, value: None if slots is None else write_kv(k, v, slots, key, value))
     lab = locate(EngineParts(target_builder=NoSlotsAtCapture, drafter_builder=NoSlotsAtCapture), random_pair)
-    assert repairs.stage(lab) is None and host_moves.stage(lab) is None
+    assert repairs.stage(lab) is None and not any(v.moved for v in lab.host_values())
     assert [v.name for v in lab.host_values() if v.absent] == ["slot_mapping"]
     found = recapture.stage(lab)
     assert (found.kind, found.buffers) == (CAPTURE_CONTEXT, ["kv_cache", "slot_mapping"]), found.evidence
@@ -120,7 +120,7 @@ def test_the_lab_lists_no_absent_input_when_nothing_was_absent_at_capture(random
 def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passes(random_pair):
     lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
     assert lab.entry is not None and lab.ev_g.phase == "verify"
-    assert host_moves.stage(lab) is None, "no host value the forward moves differs"
+    assert not any(v.moved for v in lab.host_values()), "no host value the forward moves differs"
     found = repairs.stage(lab)
     assert found is not None and found.kind == BUFFER_REASSIGNED and found.buffers == ["slot_mapping"], found
     assert "slot_mapping" in lab.reads and found.experiment.startswith("redirect slot_mapping")
@@ -131,10 +131,11 @@ def test_the_host_stage_names_a_counter_the_forward_moves_and_the_repair_stage_r
     lab = locate(EngineParts(target_runner=ScheduledTarget), random_pair)
     assert repairs.stage(lab) is None
     assert lab.ruled_out == ["no tensor the reference reads differs from what the graph read"]
-    assert rebound.piecewise_outputs(lab) is None and rebound.pointed_back(lab) is None
-    found = host_moves.stage(lab)
+    assert rebound.piecewise_outputs(lab) is None and handed.pointed_back(lab) is None
+    assert [(v.name, v.moved is not None) for v in lab.host_values()][:1] == [("schedule.step", True)]
+    found = recapture.stage(lab)
     assert (found.kind, found.buffers) == (FROZEN_AT_CAPTURE, ["schedule.step"])
-    assert found.ruled_out == lab.ruled_out, "what the earlier stages ruled out travels with the diagnosis"
+    assert found.ruled_out[:len(lab.ruled_out)] == lab.ruled_out, "what the earlier stages ruled out travels along"
 
 
 def test_the_reproducibility_stage_passes_a_forward_that_reproduces_itself(random_pair):

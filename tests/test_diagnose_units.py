@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from parity.diagnose.bisector import short_buffer_diagnosis
-from parity.diagnose.padding import breaches
+from parity.diagnose.repairs import breaches
 from parity.diagnose.state import diff_rows, max_diff
 from parity.engine.buffers import InputBuffers, register_attention_buffers
 from parity.engine.kv_cache import PAD_SLOT

@@ -96,7 +96,7 @@ def test_a_counter_the_captured_forward_advances_is_named_by_its_attribute(backe
     found = bisect_mode(make, specs, "full", backend, scenario, CapturePolicy())
     assert (found.kind, found.buffers) == (FROZEN_AT_CAPTURE, ["schedule.step"]), (found.kind, found.evidence)
     assert (found.owner, found.phase, found.step) == ("target", "verify", 0)
-    assert found.experiment.startswith("re-capture with schedule.step at the reference's value 0")
+    assert found.experiment.startswith("re-capture with only schedule.step at the value the forward starts from (0;")
     assert any("advanced by the forward itself" in line for line in found.evidence), found.evidence
     assert not any("not deterministic" in line for line in found.evidence), found.evidence
 

@@ -1,4 +1,5 @@
-"""The index buffer that routes a padding leak (`parity.diagnose.routing`, `engine.padding_routes`).
+"""The index buffer that routes a padding leak (`parity.audit.padded_writes`'s rules as
+`parity.diagnose.routing` hands them the registry, `engine.padding_routes`).
 
 - the two rules on a hand-made forward over a registry (a read through one
   row buffer, a write through another): padded rows writing an element a live
@@ -22,7 +23,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from parity.diagnose.routing import Recorder, Routes, overwrite_diagnosis, overwrites, recorder_of, routed
+from parity.audit.padded_writes import Recorder
+from parity.diagnose.routing import Routes, overwrite_diagnosis, overwrites, recorder_of, routed
 from parity.diagnosis.kinds import PADDING_LEAK
 from parity.engine import state_slots
 from parity.engine.buffers import INERT, ROW, InputBuffers

@@ -1,7 +1,8 @@
 """Stride drift (issue 34 item 3, vLLM #50046 / #51318): a role handed at another layout of the storage the graph
 captured. The stride stage compares every captured role's (storage, offset, sizes, strides) with what the role
 holds at the divergent forward, and names one only when handing the reference the captured layout reproduces
-the graph's outputs bit for bit (`parity/diagnose/stride.py`)."""
+the graph's outputs bit for bit (`parity/audit/handed.py`, on the harness's lab: `parity/diagnose/handed.py`; on
+the audit's, the last two tests: a re-viewed role, and a rebound one pointed back at its persistent buffer)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import pytest
 import torch
 
 from parity.diagnosis.kinds import BUFFER_REASSIGNED
-from parity.audit import repairs
-from parity.diagnose import stride
+from parity.audit import handed, repairs
 from parity.diagnose.bisector import Bisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
@@ -33,8 +33,8 @@ def inference():
 def test_the_stride_stage_names_the_block_table_read_at_the_captured_stride(random_pair):
     parts, _ = apply(["block-table-stride-drift"])
     lab = locate(parts, random_pair)
-    assert [(d.name, d.holder) for d in stride.drifts(lab)] == [("block_table", "metadata object")]
-    found = stride.stage(lab)
+    assert [(d.name, d.holder) for d in lab.drifts()] == [("block_table", "metadata object")]
+    found = handed.stage(lab)
     assert (found.kind, found.buffers) == (BUFFER_REASSIGNED, ["block_table"]), found.evidence
     assert found.captured_address == found.live_address and lab.replays == 1
     capacity, width = lab.graph.owner("target").buffers["block_table"].shape
@@ -62,13 +62,13 @@ class PitchedPositions(MetadataBuilder):
 
 def test_the_stride_stage_names_another_role_drifted_the_same_way(random_pair):
     lab = locate(EngineParts(target_builder=PitchedPositions), random_pair)
-    found = stride.stage(lab)
+    found = handed.stage(lab)
     assert (found.kind, found.buffers) == (BUFFER_REASSIGNED, ["positions"]), (found.evidence, lab.ruled_out)
 
 
 def test_the_stride_stage_passes_a_role_rebound_to_another_storage(random_pair):
     lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
-    assert stride.drifts(lab) == [] and stride.stage(lab) is None and lab.replays == 0
+    assert lab.drifts() == [] and handed.stage(lab) is None and lab.replays == 0
     assert repairs.stage(lab).buffers == ["slot_mapping"]
 
 
@@ -108,7 +108,81 @@ def test_the_stride_stage_names_a_kv_cache_re_laid_after_capture(random_pair):
     with pytest.raises(_Located) as located:
         Locator(make, reference, graphs, specs, mode).run()
     lab = located.value.lab
-    assert {(d.name, d.holder) for d in stride.drifts(lab)} == {("kv_cache", "kv cache")}
-    found = stride.stage(lab)
+    assert {(d.name, d.holder) for d in lab.drifts()} == {("kv_cache", "kv cache")}
+    found = handed.stage(lab)
     assert (found.kind, found.buffers) == (BUFFER_REASSIGNED, ["kv_cache"]), (found.evidence, lab.ruled_out)
     assert lab.replays == 1 and "tensors; the first" in found.evidence[0]
+
+
+class Grid:
+    """Reads `meta["grid"]`, at capture a row-major view of the workspace `ws`, and writes `cache`."""
+
+    def __init__(self, device: str = "cpu"):
+        self.ws = torch.zeros(32, device=device)
+        self.w = torch.randn(4, generator=torch.Generator().manual_seed(0)).to(device)
+        self.cache = torch.zeros(4, device=device)
+        self.meta = {"grid": self.ws[:16].view(4, 4)}
+
+    def forward(self):
+        out = self.meta["grid"] @ self.w
+        self.cache.copy_(out)
+        return out * 2
+
+
+def repitched(owner: Grid, step: int) -> None:
+    """Each step hands the grid column-major: the same storage, address and shape at other strides."""
+    view = owner.ws.as_strided((4, 4), (1, 4))
+    view.copy_(torch.arange(16.0, device=owner.ws.device).view(4, 4) + step)
+    owner.meta = {"grid": view}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_audits_lab_names_a_role_handed_at_other_strides_of_the_captured_storage(monkeypatch, device):
+    """The same stage on the audit's `ShadowLab`: no address moved (no repair to try), and the eager run handed
+    the captured layout reproduces the replay."""
+    from tests.test_repairs_stage import lab_at_mismatch
+    lab, _graph = lab_at_mismatch(monkeypatch, Grid(device), repitched)
+    assert lab.rebinds == [] and [(d.name, d.holder) for d in lab.drifts()] == [("self.meta['grid']", "path")]
+    found = handed.stage(lab)
+    assert (found.kind, found.buffers) == (BUFFER_REASSIGNED, ["self.meta['grid']"]), (found, lab.ruled_out)
+    assert "captured stride [4, 1]" in found.evidence[0] and "live stride [1, 4]" in found.evidence[0]
+    assert found.replays == lab.replays == 1
+    assert lab.handed([]) is None and handed.stage(lab) is not None, "the lab stands at its pre-state after"
+
+
+class TwoHolders:
+    """Reads one persistent buffer `pos` through two holders: itself, and `meta["pos"]` (the same tensor at
+    capture)."""
+
+    def __init__(self, device: str = "cpu"):
+        gen = torch.Generator().manual_seed(0)
+        self.table = torch.randn(16, 8, generator=gen).to(device)
+        self.other = torch.randn(16, 8, generator=gen).to(device)
+        self.pos = torch.arange(4, device=device)
+        self.cache = torch.zeros(4, 8, device=device)
+        self.meta = {"pos": self.pos}
+
+    def forward(self):
+        out = self.table[self.pos] + self.other[self.meta["pos"]]
+        self.cache.copy_(out)
+        return out * 2
+
+
+def fresh_meta_pos(owner: TwoHolders, step: int) -> None:
+    owner.meta = {"pos": torch.arange(4, device=owner.pos.device) + step}   # the buffer itself keeps its values
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_audits_lab_points_a_rebound_role_back_when_a_copy_would_change_its_other_holder_too(monkeypatch,
+                                                                                                   device):
+    """`handed.pointed_back` on the audit's `ShadowLab`: copying the fresh positions into the buffer changes the
+    read through `self.pos` too, so no repair restores parity; the eager run with `meta['pos']` pointed back at
+    the buffer reproduces the replay."""
+    from tests.test_repairs_stage import lab_at_mismatch
+    lab, _graph = lab_at_mismatch(monkeypatch, TwoHolders(device), fresh_meta_pos)
+    assert lab.drifts() == [] and handed.stage(lab) is None
+    assert repairs.stage(lab) is None, "a copy into the buffer changes both holders' reads"
+    assert [(d.name, d.rebound) for d in lab.rebound()] == [("self.meta['pos']", True)]
+    found = handed.pointed_back(lab)
+    assert (found.kind, found.buffers) == (BUFFER_REASSIGNED, ["self.meta['pos']"]), (found, lab.ruled_out)
+    assert "pointed back at the persistent buffer" in found.experiment and found.captured_address != found.live_address

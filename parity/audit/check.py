@@ -20,34 +20,18 @@ from __future__ import annotations
 import contextlib
 import time
 
-import torch
-from torch.utils._pytree import tree_flatten
-
 from parity.audit import pool
 from parity.audit.cheap import Rebind, moved_names, reassigned
-from parity.audit.lab import ShadowLab
+from parity.audit.lab import ShadowLab, shadow
 from parity.audit.localise import localise
-from parity.audit.padded_writes import PaddedWrites, racing
+from parity.audit.padded_writes import Recorder, overlaps, racing
 from parity.audit.padding import padding_check
 from parity.audit.shaped import at_graph_shape
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
-from parity.audit.trace import WriteLog
 from parity.graphs.host_state import moved_in, restore_in
 
 # Diagnoses of a mismatch that name no role: the padding check may explain them.
 UNPLACED = ("UNEXPLAINED", "CAPTURE_CONTEXT")
-
-
-def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
-    """`fn` run eagerly; its outputs and writes, already undone (also when fn raises)."""
-    log = WriteLog()
-    try:
-        with torch.no_grad(), log:
-            out = fn(*args, **kwargs)
-        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        return Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()}), log
-    finally:
-        log.undo()
 
 
 def cheap_reassigned(audit, found: list[Rebind]) -> dict | None:
@@ -80,7 +64,7 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
         pool.after_replay(audit)
         pre.restore()
         num_valid, padded = audit.num_valid_now(), audit.padded_rows
-        watch = PaddedWrites(num_valid, padded) if num_valid is not None and padded and num_valid < padded else None
+        watch = Recorder(every=True) if num_valid is not None and padded and num_valid < padded else None
         # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape,
         # under the torch state the graph was captured in (default dtype and device, inference mode).
         with record.ambient.entered(), at_graph_shape(found, roots) as shaped:
@@ -92,8 +76,9 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
                 pre.add_bytes(ptr, live, saved)
             replayed.writes = {ptr: left.saved[ptr][1] if ptr in left.saved else pre.saved[ptr][1]
                                for ptr in eager.writes}
-            lab = ShadowLab(audit, roots, args, kwargs, pre, eager, moved, shaped)
-            diagnoses = _judge(audit, lab, replayed, shaped, started, watch.found if watch else [])
+            lab = ShadowLab(audit, roots, args, kwargs, pre, eager, moved, shaped, replayed)
+            diagnoses = _judge(audit, lab, replayed, shaped, started,
+                               overlaps(watch, num_valid, padded) if watch else [])
     finally:
         # NOTE: whatever happened, the program goes on from the state the real replay left.
         pre.restore()

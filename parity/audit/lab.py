@@ -26,6 +26,12 @@ which reference the lab compares with, nor how the lab names a tensor.
   then, as `recaptures.HostValue`s keyed as `recapture` takes them;
   `skipped_writes()`: the names of what the reference writes and the graph
   never does;
+- `drifts()`: the roles held now as another view (offset, sizes, strides) of
+  the storage the graph captured, as `handed.Drift`s; `rebound()`: the roles
+  held at a fresh tensor where the graph reads a persistent buffer another
+  holder still reaches; `handed(drifts)`: does the reference, run with those
+  roles handed as the graph reads them, produce what the graph produced, bit
+  for bit (None: it cannot be run so)?
 - `diagnosis(kind, buffers, **found)`: the lab's record of a stage's verdict;
 - `replays`: every forward run so far to test a hypothesis; `ruled_out`: the
   experiments that did not restore parity, in order.
@@ -33,6 +39,7 @@ which reference the lab compares with, nor how the lab names a tensor.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -43,7 +50,8 @@ from parity.audit.experiments import copy_repairs
 from parity.audit.recaptures import HostValue
 from parity.audit.repairs import single
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
-from parity.audit.trace import storage_ptr
+from parity.audit.handed import Drift, at_captured_layout, drifted
+from parity.audit.trace import WriteLog, storage_ptr
 from parity.audit.writes import skipped_writes
 from parity.diagnosis.record import Diagnosis
 from parity.graphs.host_state import restore_in
@@ -71,6 +79,12 @@ class Lab(Protocol):
 
     def skipped_writes(self) -> list[str]: ...
 
+    def drifts(self) -> list: ...
+
+    def rebound(self) -> list: ...
+
+    def handed(self, drifts: list) -> bool | None: ...
+
     def diagnosis(self, kind: str, buffers, **found): ...
 
 
@@ -85,7 +99,7 @@ class ShadowLab:
     """A checked replay's workbench: the pre-replay state, the eager shadow run as reference, the graph."""
 
     def __init__(self, audit, roots: dict, args: tuple, kwargs: dict, pre: Snapshot, eager: Result,
-                 moved: dict | None = None, rebinds: list | None = None):
+                 moved: dict | None = None, rebinds: list | None = None, replayed: Result | None = None):
         self.audit = audit
         self.moved = moved or {}    # host values the callable advanced itself when run eagerly: path -> (a, b)
         self.record = audit.record
@@ -93,6 +107,7 @@ class ShadowLab:
         self.args, self.kwargs = args, kwargs
         self.pre = pre
         self.eager = eager
+        self.replayed = replayed        # what the real replay produced: outputs, and its bytes where eager writes
         self.rebinds = rebinds or []    # roles whose path reaches another tensor than at capture (`cheap.Rebind`)
         self.replays = 0
         self.ruled_out: list[str] = []
@@ -125,24 +140,30 @@ class ShadowLab:
 
     def recapture(self, overrides: dict) -> Recaptured:
         """Re-capture the callable with `overrides` ({Path: value}) applied to the live objects, then undo them."""
+        self.pre.restore()       # NOTE: first: it puts the host values back too, the overrides' included
+        with self._assigned(overrides) as (roots, args, kwargs):
+            def start():
+                """Before each call (a warm-up moves what the callable advances): the pre-replay host values, then
+                the overrides."""
+                restore_in(self.pre.host, self.roots)
+                for path, value in overrides.items():
+                    assign(path, roots, value)
+            graph, outputs = self.audit.backend.recapture(self.record.fn, tuple(args), kwargs, start)
+        return Recaptured(graph, [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)])
+
+    @contextmanager
+    def _assigned(self, paths):
+        """(roots, args, kwargs): the callable's roots with copies of its arguments; whatever the block assigns
+        at `paths` is put back after."""
         args, kwargs = list(self.args), dict(self.kwargs)
         roots = {**self.roots, "args": args, "kwargs": kwargs}
-        self.pre.restore()       # NOTE: first: it puts the host values back too, the overrides' included
-        undo = [(path, resolve(path, roots)) for path in overrides]
-
-        def start():
-            """Before each call (a warm-up moves what the callable advances): the pre-replay host values, then
-            the overrides."""
-            restore_in(self.pre.host, self.roots)
-            for path, value in overrides.items():
-                assign(path, roots, value)
+        undo = [(path, resolve(path, roots)) for path in paths]
         try:
-            graph, outputs = self.audit.backend.recapture(self.record.fn, tuple(args), kwargs, start)
+            yield roots, args, kwargs
         finally:
             for path, old in reversed(undo):
                 if old is not MISSING:
                     assign(path, roots, old)
-        return Recaptured(graph, [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)])
 
     def name(self, tensor: torch.Tensor) -> str | None:
         """The shortest path from the callable's roots that reaches the tensor's storage."""
@@ -186,3 +207,52 @@ class ShadowLab:
     def skipped_writes(self) -> list[str]:
         """What the eager run writes and the captured graph never does (`writes.skipped_writes`)."""
         return skipped_writes(self)
+
+    def drifts(self) -> list[Drift]:
+        """Every role whose path reaches the captured storage, at the captured address and shape, at other
+        strides (other offsets and shapes are rebinds, which the copy repairs and the graph-shaped stand-ins
+        take)."""
+        found = []
+        for role in self.record.roles:
+            live = resolve(role.path, self.roots)
+            if drifted(role.tensor, live) and tuple(live.shape) == role.shape and live.data_ptr() == role.address:
+                found.append(Drift(role.name, "path", role.tensor, live, path=role.path))
+        return found
+
+    def rebound(self) -> list[Drift]:
+        """Roles a path reaches now at another tensor of the captured shape while another role still reaches the
+        captured storage (the persistent buffer: `cheap.Rebind.keeper`), to be pointed back at it."""
+        return [Drift(r.role.name, "path", r.role.tensor, r.live, path=r.role.path, rebound=True)
+                for r in self.rebinds if r.owned and r.real is None and r.live_tensor is not None
+                and r.live.shape == r.role.tensor.shape and r.live.dtype == r.role.tensor.dtype]
+
+    def handed(self, drifts: list[Drift]) -> bool | None:
+        """Run the callable eagerly from the pre-replay state with each path of `drifts` handed as the graph reads
+        it (at the captured layout; a rebound one, the captured tensor): does it produce what the replay produced,
+        bit for bit? None when a layout does not fit."""
+        views = [d.captured if d.rebound else at_captured_layout(d, d.live) for d in drifts]
+        if not drifts or any(v is None for v in views) or self.replayed is None:
+            return None
+        self.pre.restore()
+        try:
+            with self._assigned([d.path for d in drifts]) as (roots, args, kwargs):
+                if not all(assign(d.path, roots, view) for d, view in zip(drifts, views)):
+                    return None
+                eager, _ = shadow(self.record.fn, tuple(args), kwargs)
+        finally:
+            self.pre.restore()
+        self.replays += 1
+        return compare(self.replayed, eager, self.record.output_names, layouts=self.layouts,
+                       defined=self.record.defined) is None
+
+
+def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
+    """`fn` run eagerly; its outputs and writes, already undone (also when fn raises)."""
+    log = WriteLog()
+    try:
+        with torch.no_grad(), log:
+            out = fn(*args, **kwargs)
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()}), log
+    finally:
+        log.undo()

@@ -1,9 +1,13 @@
 """From "this replay differs from eager" to the one change that restores bitwise parity.
 
 The shared stages run on the replay's `ShadowLab` as the harness runs them on
-its `Divergence`: `repairs.stage` (the copies of the live values of moved
+its `Divergence`: `handed.stage` (a role handed at another layout of the
+captured storage than the graph reads: the eager run given the captured layout
+reproduces the replay), `repairs.stage` (the copies of the live values of moved
 roles into what the graph read: all together, then each alone, the most
-specific first, then the smallest set), then `recaptures.stage` (a re-capture
+specific first, then the smallest set), `handed.pointed_back` (a role rebound
+to a fresh tensor pointed back at the persistent buffer another role still
+reads, where a copy would change both), then `recaptures.stage` (a re-capture
 with one host value, or an input absent at capture, at its live value). When
 the control re-capture, every host value as captured, restores parity, the
 graph baked some other capture-time state (CAPTURE_CONTEXT); when nothing
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from parity.audit import recaptures, repairs
+from parity.audit import handed, recaptures, repairs
 from parity.audit.lab import ShadowLab
 from parity.audit.state import Mismatch
 from parity.diagnosis.kinds import CAPTURE_CONTEXT, UNEXPLAINED
@@ -44,7 +48,8 @@ def _unexplained(lab: ShadowLab) -> Diagnosis:
 def localise(lab: ShadowLab, mismatch: Mismatch, started: float) -> dict:
     """The diagnosis dict of a replay that differs from its eager shadow run."""
     began = time.perf_counter()
-    found = repairs.stage(lab) or recaptures.stage(lab, fresh=_fresh) or _unexplained(lab)
+    found = (handed.stage(lab) or repairs.stage(lab) or handed.pointed_back(lab)
+             or recaptures.stage(lab, fresh=_fresh) or _unexplained(lab))
     found.evidence = [f"replay {lab.audit.replays}: {mismatch.describe()} between the graph and the callable run "
                       "eagerly on the same live inputs", *found.evidence]
     found.rows, found.max_abs_diff = list(mismatch.rows), mismatch.max_abs_diff

@@ -2,7 +2,7 @@
 
 Both diagnosers test a hypothesis the same way: the re-captures of
 `recaptures.stage` (run by `GraphAudit`'s localisation and by the harness
-bisector's last stage) and the bisector's `diagnose/host_moves.py`. A candidate is one thing
+bisector's last stage) and the bisector's eager re-runs (`diagnose/host_moves.py`). A candidate is one thing
 that differs between what the graph was captured with and the live state (a
 host value, an input absent at capture); `restores(subset)` re-runs the
 forward (a re-capture and replay, or an eager re-run) with exactly the

@@ -145,13 +145,22 @@ def after_replay(culprit) -> None:
 
 
 def _overwrites_again(culprit, live: _Live) -> bool:
-    record = culprit.record
-    keep = Snapshot([*record.writes.values(), *record.outputs, *live.outputs])
-    try:
-        for out, value in zip(live.outputs, live.values):
-            out.copy_(value)
+    def replay():
         culprit._raw_replay()
         culprit.backend.sync()
-        return any(not bit_equal(out, value) for out, value in zip(live.outputs, live.values))
+    return overwrites_again(live.outputs, live.values, replay, [*culprit.record.writes.values(),
+                                                                *culprit.record.outputs])
+
+
+def overwrites_again(outputs: list[torch.Tensor], values: list[torch.Tensor], replay, keep=()) -> bool:
+    """The confirmation of a POOL_ALIAS (the audit's, and the bisector's, `diagnose/pool.py`): put `outputs` back
+    to `values`, `replay()` the suspect graph alone: does it overwrite them again? Every byte of `keep` and of
+    the outputs is put back after."""
+    saved = Snapshot([*keep, *outputs])
+    try:
+        for out, value in zip(outputs, values):
+            out.copy_(value)
+        replay()
+        return any(not bit_equal(out, value) for out, value in zip(outputs, values))
     finally:
-        keep.restore()
+        saved.restore()

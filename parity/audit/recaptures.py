@@ -71,8 +71,9 @@ def describe(value: HostValue) -> str:
     """The re-capture with `value` alone at its live value, in words."""
     if value.absent:
         return f"re-capture with only {value.name} present (its live tensor; None at capture) and replay"
-    return (f"re-capture with only {value.name} at its live value ({short(value.live)}; captured "
-            f"{short(value.captured)}) and replay")
+    at = "the value the forward starts from" if value.moved is not None else "its live value"
+    return (f"re-capture with only {value.name} at {at} ({short(value.live)}; captured {short(value.captured)}) "
+            "and replay")
 
 
 def single_experiment(lab, value: HostValue, restored: bool) -> Experiment:

@@ -49,11 +49,12 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
-def _rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+def rows_apart(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """The rows (along the leading dimension) whose bytes differ; none when the shapes or dtypes differ."""
     if a.shape != b.shape or a.dtype != b.dtype or a.dim() == 0:
         return []
-    x = a.reshape(a.shape[0], -1).view(torch.uint8) if a.numel() else a
-    y = b.reshape(b.shape[0], -1).view(torch.uint8) if b.numel() else b
+    x = a.reshape(a.shape[0], -1).contiguous().view(torch.uint8) if a.numel() else a
+    y = b.reshape(b.shape[0], -1).contiguous().view(torch.uint8) if b.numel() else b
     return [int(i) for i in (x != y).any(dim=1).nonzero().flatten().tolist()]
 
 
@@ -113,7 +114,7 @@ def compare(graph: Result, eager: Result, names: list[str], rows: int | None = N
         if not bit_equal(g, e):
             differing.append(name)
             if first is None:
-                first = Mismatch(name, _rows(g, e), _max_abs(g, e), differing)
+                first = Mismatch(name, rows_apart(g, e), _max_abs(g, e), differing)
     return first
 
 

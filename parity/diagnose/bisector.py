@@ -7,9 +7,9 @@ import dataclasses
 import torch
 
 from parity.diagnosis.kinds import NONE, SHORT_BUFFER, UNEXPLAINED
-from parity.audit import repairs
+from parity.audit import handed, repairs
 from parity.diagnose import (capture_error, descriptor, host_moves, lifetime, padding, pool, rebound, recapture,
-                             reproducible, stride)
+                             reproducible)
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
 from parity.audit.state import delta
@@ -168,7 +168,7 @@ class Bisector:
         where = {"rows": diff_rows(out_r, out_g), "max_abs_diff": worst} if worst is not None else {}
         lab = Divergence(self.mode, ref, graph, ev_r, ev_g, snaps, out_r, out_g, where)
         if ev_g.kind != "pre":
-            lab.moves = host_moves.moved_by(snaps, ref, ev_r, graph, ev_g)
+            lab.moves = host_moves.moved_by(snaps, ev_r, ev_g)
         if ev_g.kind != "pre" and ev_g.dispatch.runtime_mode != EAGER and isinstance(lab.executor, GraphExecutor):
             lab.entry = lab.executor.entry(ev_g.dispatch)
             lab.where["graph"] = _graph_info(ev_g.dispatch, lab.entry)
@@ -196,8 +196,8 @@ class PaddingBisector(Bisector):
 
 
 # The stages a divergent forward goes through, in order; the first diagnosis stands. The last always gives one.
-GRAPH_STAGES = (reproducible.stage, descriptor.stage, stride.stage, repairs.stage, rebound.piecewise_outputs,
-                rebound.pointed_back, host_moves.stage, recapture.stage)
+GRAPH_STAGES = (reproducible.stage, descriptor.stage, handed.stage, repairs.stage, rebound.piecewise_outputs,
+                handed.pointed_back, recapture.stage)
 EAGER_STAGES = (host_moves.stage,)
 
 

@@ -27,7 +27,9 @@ import torch
 
 from parity.diagnosis.record import Diagnosis
 from parity.audit.recaptures import HostValue
+from parity.diagnose.host_moves import moved
 from parity.diagnose.readset import graph_writes, reference_writes, storage_roles
+from parity.diagnose import handed
 from parity.diagnose.repairs import repairs
 from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
 from parity.graphs import host_state
@@ -95,22 +97,42 @@ class Divergence:
         return outputs(self.graph, self.ev_g, returned)
 
     def host_values(self) -> list[HostValue]:
-        """The metadata's inputs absent (None) at capture that hold a tensor now, then its host fields that differ
-        from the capture's (the same on every rank), keyed by field as `recapture` takes them; none for a forward
-        the run under test ran eagerly."""
+        """The owner's host values the reference's forward advanced itself that the graph was captured with at
+        another value (by `Path`, the reference's value as the live one: `host_moves.moved`), the metadata's
+        inputs absent (None) at capture that hold a tensor now, then its host fields that differ from the
+        capture's (the same on every rank), keyed by field as `recapture` takes them; none for a forward the run
+        under test ran eagerly."""
         if self.entry is None:
             return []
+        graph_pre = self.snaps["graph"]["host"][self.ev_g.owner][1]
+        found = []
+        for path, (before, after) in moved(self):
+            baked = self.entry.captured_host.get(path, graph_pre[path])
+            if not agree_same("host moves: captured with the reference's value", host_state.same(baked, before)):
+                found.append(HostValue(path, host_state.name(path), baked, before, (before, after)))
         live, captured = self.ev_g.meta, self.entry.captured_with
         absent = agree_same("absent inputs", sorted(k for k, v in captured.items()
                                                     if v is None and isinstance(getattr(live, k, None), torch.Tensor)))
         fields = python_fields(live)
         differing = agree_same("recapture: host fields", sorted(k for k in fields if captured.get(k) != fields[k]))
-        return ([HostValue(k, k, None, getattr(live, k)) for k in absent]
+        return (found + [HostValue(k, k, None, getattr(live, k)) for k in absent]
                 + [HostValue(k, k, captured.get(k), fields[k]) for k in differing])
 
     def skipped_writes(self) -> list[str]:
         """The roles the reference forward writes and the replayed graph never does (`readset.py`)."""
         return [] if self.entry is None else sorted(reference_writes(self) - graph_writes(self))
+
+    def drifts(self) -> list:
+        """The roles held as another view of the storage the graph captured (`diagnose/handed.py`)."""
+        return [] if self.entry is None else handed.drifts(self)
+
+    def rebound(self) -> list:
+        """The roles held at a fresh tensor where the graph read the persistent buffer (`diagnose/handed.py`)."""
+        return [] if self.entry is None else handed.rebound(self)
+
+    def handed(self, drifts: list) -> bool | None:
+        """Does the reference, with `drifts` handed as the graph reads them, produce the graph's outputs?"""
+        return handed.handed(self, drifts)
 
     def repairs(self) -> list:
         """What the graph read against what the live holders and the reference say it should read, as the

@@ -19,7 +19,7 @@ experiment), then three experiments, each changing one thing:
    real outputs are named.
 
 When the breach is a draft step's, one more experiment asks where it came
-from (`unstable_pad_rows`): padded rows held at their registered pad values are
+from (`engine.padding_regions.advance_origin`): padded rows held at their registered pad values are
 advanced one step by the owner's own builder, on a copy; a padded entry that
 leaves its pad value means the contract itself is not a fixed point of the
 builder, and the field whose empty value (0) keeps every entry at its pad is
@@ -36,29 +36,13 @@ from parity.diagnosis.kinds import PADDING_LEAK, UNEXPLAINED
 from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
-from parity.diagnose.ranks import shared
+from parity.audit.ranks import shared
+from parity.diagnose.repairs import breaches
 from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
-from parity.engine.buffers import FREE, poison_padding
+from parity.engine.buffers import FREE, fill_like_live, poison_padding
 from parity.engine.padding_regions import advance_origin
 from parity.graphs.tp_agree import agree_all, agree_any, agree_same, agree_union
-
-
-def breaches(buffers, meta, dispatch) -> list[tuple[str, torch.Tensor, slice, int]]:
-    """(name, tensor, padded region, entries off) of every INERT buffer whose padding is not its pad value."""
-    found = []
-    for name in buffers.names():
-        spec = buffers.spec(name)
-        region = spec.padded(dispatch)
-        if not spec.inert or region.stop <= region.start:
-            continue
-        inert = spec.inert_value(dispatch.num_tokens)
-        held = (buffers[name], getattr(meta, name, None))
-        for tensor in {t.data_ptr(): t for t in reversed(held) if t is not None}.values():
-            off = int((tensor[region] != inert).sum())
-            if off:
-                found.append((name, tensor, region, off))
-    return found
 
 
 def padded_kv_writes(lab: Divergence, run: str, watch=None) -> list[int]:
@@ -166,7 +150,7 @@ def stage(lab: Divergence) -> Diagnosis:
                       "bitwise parity between the poisoned and the clean reference is restored")
         evidence.append(experiment)
         if ev_p.phase == "draft_step":
-            origin, origin_evidence = unstable_pad_rows(owner, ev_p)
+            origin, origin_evidence = advance_origin(owner, ev_p.dispatch, ev_p.meta)
             evidence += origin_evidence
             names = sorted(set(names) | set(origin))
         return lab.diagnosis(PADDING_LEAK, names, evidence=evidence, experiment=experiment)
@@ -185,11 +169,6 @@ def stage(lab: Divergence) -> Diagnosis:
     ruled_out = ["set the contract's padded entries inert in both references", "KV writes of padded tokens",
                  "poison each free padded input alone"]
     return lab.diagnosis(UNEXPLAINED, [], evidence=evidence, ruled_out=lab.ruled_out + ruled_out)
-
-
-def unstable_pad_rows(owner, event) -> tuple[list[str], list[str]]:
-    """Does the builder's step advance keep padded rows at their registered pad values? (`advance_origin`)"""
-    return advance_origin(owner, event.dispatch, event.meta)
 
 
 def _run_repaired(lab: Divergence, run: str, subset) -> tuple:
@@ -212,24 +191,12 @@ def free_inputs_that_matter(lab: Divergence) -> list[str]:
     matter = []
     for name in names:
         lab.restore("ref")
-        poison_padding(_Only(owner.buffers, name), lab.ev_r.dispatch, salt=1)
+        spec, d = owner.buffers.spec(name), lab.ev_r.dispatch     # `poison_padding` of this one buffer
+        fill_like_live(owner.buffers[name], spec.used(d.num_tokens, d.num_reqs), spec.padded(d), "A", 1)
         if agree_any("padding: a free input matters", max_diff(lab.out_r, lab.rerun("ref"))[0] != 0):
             matter.append(name)
     lab.restore("ref")
     return matter
-
-
-class _Only:
-    """A view of a registry holding one buffer, so the poisoner touches that buffer alone."""
-
-    def __init__(self, buffers, name: str):
-        self._buffers, self._name = buffers, name
-
-    def items(self):
-        return [(self._name, self._buffers[self._name])]
-
-    def spec(self, name: str):
-        return self._buffers.spec(name)
 
 
 def slot_list(slots) -> str:

@@ -11,7 +11,7 @@ alone, nothing isolated the cause: UNEXPLAINED, saying what was tried.
 from __future__ import annotations
 
 from parity.diagnosis.kinds import POOL_ALIAS, UNEXPLAINED
-from parity.audit.state import Snapshot, delta
+from parity.audit.pool import overwrites_again
 from parity.diagnose.state import state_tensors
 from parity.graphs.tp_agree import agree_any
 
@@ -41,12 +41,8 @@ def _overwrites_again(bisector, graph, verify_event, suspect_event, logits_r) ->
     entry = graph.owner(suspect_event.owner).executor.graphs.get((d.phase, d.runtime_mode, d.descriptor))
     if entry is None:
         return False
-    logits = verify_event.logits
-    t = verify_event.dispatch.num_tokens
-    keep = Snapshot(state_tensors(graph))
-    logits[:t].copy_(logits_r.to(logits.dtype))
+    logits = verify_event.logits[: verify_event.dispatch.num_tokens]
     bisector.replays += 1
-    entry.graph.replay(suspect_event.meta)
-    changed = float(delta(logits[:t], logits_r).max()) > 0
-    keep.restore()
+    changed = overwrites_again([logits], [logits_r.to(logits.dtype)], lambda: entry.graph.replay(suspect_event.meta),
+                               state_tensors(graph))
     return agree_any("pool: the drafter replay overwrites the logits", changed)

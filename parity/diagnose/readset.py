@@ -29,16 +29,12 @@ from parity.graphs.manifest import object_tensors, role_name
 def reference_reads(lab) -> dict[str, set[str]]:
     """role name -> holders ("registry", "metadata object", "kv cache", "object") of every tensor the reference
     forward reads; traced once per lab (`lab.reads`, and `lab.ref_writes`: the roles it writes)."""
-    if lab.reads is None:
-        _trace(lab)
-    return lab.reads
+    return _traced(lab).reads
 
 
 def reference_writes(lab) -> set[str]:
     """The roles the reference forward writes in place (its KV cache, the buffers it fills)."""
-    if lab.reads is None:
-        _trace(lab)
-    return lab.ref_writes
+    return _traced(lab).ref_writes
 
 
 def graph_writes(lab) -> set[str]:
@@ -46,7 +42,9 @@ def graph_writes(lab) -> set[str]:
     return set(by_role(lab.entry.graph.write_storages, storage_roles(lab.graph, lab.ev_g)))
 
 
-def _trace(lab) -> None:
+def _traced(lab):
+    if lab.reads is not None:
+        return lab
     ev_r, d = lab.ev_r, lab.ev_r.dispatch
     lab.restore("ref")
     lab.replays += 1
@@ -54,6 +52,7 @@ def _trace(lab) -> None:
     lab.restore("ref")
     named = storage_roles(lab.ref, ev_r)
     lab.reads, lab.ref_writes = by_role(reads, named), set(by_role(writes, named))
+    return lab
 
 
 def by_role(storages, named: dict) -> dict[str, set[str]]:

@@ -4,7 +4,8 @@ A graph bakes in the Python values its forward used at capture (a draft step
 index, a window start, a row count), and lacks the work of code that did not
 run at capture (an input None then: CAPTURE_CONTEXT). The experiments are the
 audit's (`audit/recaptures.py`) on the lab's host values (`Divergence.host_values`:
-the metadata's host fields, and its inputs absent at capture): each
+the owner's values the forward advances itself, `host_moves.moved`, the
+metadata's host fields, and its inputs absent at capture): each
 re-captures the forward from the capture-time metadata object (so the graph
 reads the very same addresses) with one value at its live value, and replays
 it on the live metadata, as the audit's localisation does on its shadow run.
@@ -32,18 +33,6 @@ from parity.diagnose.probes import probe_layers
 from parity.graphs.tp_agree import agree_union, merged_lines
 
 
-def recaptured(lab: Divergence, contents) -> bool:
-    """Re-capture the forward from the capture-time metadata with the buffers `contents` put back to what the
-    original capture saw, and replay it on the live state: does it give the reference's outputs?"""
-    registries = {(r.owner, name): t for r in lab.executor.registries for name, t in r.items()}
-
-    def prepare():
-        for key in contents:      # under TP a buffer another rank named is put back where this rank has it
-            if key in registries and key in lab.entry.captured_contents:
-                registries[key].copy_(lab.entry.captured_contents[key])
-    return lab.matches(lab.run(graph=lab.recapture({}, prepare)))
-
-
 def stage(lab: Divergence) -> Diagnosis:
     """The last stage: a host value baked at capture, or an input absent then (`audit.recaptures.stage`, on the
     metadata's host fields), or a buffer's capture-time contents read to the host; else UNEXPLAINED."""
@@ -61,10 +50,16 @@ def _contents(lab: Divergence) -> Diagnosis | None:
     entry, ruled = lab.entry, lab.ruled_out
     registries = {(r.owner, name): t for r in lab.executor.registries for name, t in r.items()}
 
+    def put_back(contents):
+        for key in contents:      # under TP a buffer another rank named is put back where this rank has it
+            if key in registries and key in entry.captured_contents:
+                registries[key].copy_(entry.captured_contents[key])
+
     def contents_matter(contents) -> bool:
-        """Re-capture with the buffers `contents` as the original capture saw them."""
+        """Re-capture from the capture-time metadata with the buffers `contents` put back to what the original
+        capture saw, and replay it on the live state: does it give the reference's outputs?"""
         try:
-            return recaptured(lab, contents)
+            return lab.matches(lab.run(graph=lab.recapture({}, lambda: put_back(contents))))
         except (RuntimeError, IndexError, ValueError) as exc:   # the forward cannot run on these values
             ruled.append(f"re-capture with the captured values failed: {str(exc)[:80]}")
             return False

@@ -20,7 +20,7 @@ import torch
 
 from parity.audit.repairs import Repair, Unit
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
-from parity.diagnose import ranks
+from parity.audit import ranks
 from parity.diagnose.readset import reference_reads
 from parity.diagnose.state import registry_of
 from parity.graphs.manifest import live_object_tensor
@@ -145,20 +145,28 @@ def _repair_for(e, region, before, live_registry, live_meta, reference, graph_st
 
 
 def _padding_repairs(registry, ev_g, graph_state) -> list[Repair]:
+    """Set inert the padded entries that are off their pad value before the forward, per token, then per row."""
     d = ev_g.dispatch
-    names = sorted((n for n in registry.names() if registry.spec(n).inert),
-                   key=lambda n: INDEX_ORDER.index(registry.spec(n).index))
+    found = sorted(breaches(registry, ev_g.meta, d, graph_state.before),
+                   key=lambda b: INDEX_ORDER.index(registry.spec(b[0]).index))
+    return [Repair(PADDING_LEAK, name, "registry", f"set the padded entries of {name} inert", tensor, region,
+                   torch.full_like(graph_state.before(tensor)[region], registry.spec(name).inert_value(d.num_tokens)))
+            for name, tensor, region, _ in found]
+
+
+def breaches(buffers, meta, dispatch, before=lambda t: t) -> list[tuple[str, torch.Tensor, slice, int]]:
+    """(name, tensor, padded region, entries off) of every INERT buffer, as held by the registry and by the
+    metadata object, whose padding (as `before` gives it: as it is now by default) is not its pad value."""
     found = []
-    for name in names:
-        spec = registry.spec(name)
-        region = spec.padded(d)
-        if region.stop <= region.start:
+    for name in buffers.names():
+        spec = buffers.spec(name)
+        region = spec.padded(dispatch)
+        if not spec.inert or region.stop <= region.start:
             continue
-        inert = spec.inert_value(d.num_tokens)
-        held = (registry[name], getattr(ev_g.meta, name, None))
-        for tensor in {t.data_ptr(): t for t in held if t is not None}.values():
-            before = graph_state.before(tensor)
-            if before.dim() and (before[region] != inert).any():
-                found.append(Repair(PADDING_LEAK, name, "registry", f"set the padded entries of {name} inert",
-                                    tensor, region, torch.full_like(before[region], inert)))
+        inert = spec.inert_value(dispatch.num_tokens)
+        held = (buffers[name], getattr(meta, name, None))
+        for tensor in {t.data_ptr(): t for t in reversed(held) if t is not None}.values():
+            off = int((before(tensor)[region] != inert).sum())
+            if off:
+                found.append((name, tensor, region, off))
     return found
