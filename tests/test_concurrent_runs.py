@@ -119,9 +119,11 @@ def test_five_modes_concurrently_equal_one_after_another_on_cuda(tmp_path):
         assert memory["leftover_bytes"] == 0 and memory["shared_weights_bytes"] > 0, name
 
 
-def plan(weights: int, budget: int, sizes: dict[str, int]):
+def plan(weights: int, budget: int, sizes: dict[str, int], probes: dict[str, int] | None = None):
     modes = {m: SimpleNamespace(run_bytes=b) for m, b in sizes.items()}
-    return SimpleNamespace(weights=weights, budget=budget, budget_source="test", modes=modes)
+    probes = probes or {}
+    return SimpleNamespace(weights=weights, budget=budget, budget_source="test", modes=modes,
+                           reference_run=lambda mode: sizes["eager"] + probes.get(mode, 0))
 
 
 SIZES = {"eager": 2 * GIB, "piecewise": 3 * GIB, "full": 3 * GIB}
@@ -132,7 +134,9 @@ def test_width_and_why():
     cuda = torch.device("cuda")
     jobs = session_jobs(tuple(SIZES), REFS, plan(0, 0, SIZES))
     assert [j.name for j in jobs] == ["eager", "ref:piecewise", "ref:full", "piecewise", "full"]
-    assert [j.bytes for j in jobs] == [2 * GIB] * 3 + [3 * GIB] * 2    # a reference is planned as eager
+    assert [j.bytes for j in jobs] == [2 * GIB] * 3 + [3 * GIB] * 2    # a reference without a probe: as eager
+    probed = session_jobs(tuple(SIZES), REFS, plan(0, 0, SIZES, {"piecewise": GIB}))
+    assert [j.bytes for j in probed][:3] == [2 * GIB, 3 * GIB, 2 * GIB], "eager's run plus the padding probe"
     roomy = plan(16 * GIB, 80 * GIB, SIZES)
     assert decide(roomy, 1, jobs, cuda).reason == "sequential (--jobs 1)"
     assert decide(roomy, None, jobs, torch.device("cpu")).jobs == 1

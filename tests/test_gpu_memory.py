@@ -15,7 +15,7 @@ import torch
 from parity.faults.seam import apply
 from parity.graphs.modes import MODES
 from parity.harness.modes import run_modes
-from parity.harness.plan import plan_pair
+from parity.harness.request_plan import plan_pair
 from parity.harness.release import reclaim
 from parity.harness.request import RunRequest
 from parity.harness.scenario import load_scenario

@@ -117,6 +117,24 @@ def test_8b_figures_from_configs():
     assert 15 * GIB < plan.weights < 16 * GIB
 
 
+def test_a_padded_reference_is_planned_as_eager_plus_its_padding_probe():
+    # H100, 8B EAGLE-3 pair, long-context-8k (2026-11-27): ref:piecewise and ref:full peaked 3.08 GiB above eager
+    # (9.65 against 6.57 beyond the weights), while the plan gave them eager's run; ref:full_decode_only did not.
+    plan = make_plan(LLAMA3_8B, EAGLE1_8B, torch.bfloat16, load_scenario(ROOT / "scenarios/long-context-8k.yaml"),
+                     MODES)
+    kv_row = 2 * 32 * 8 * 128 * 2
+    outputs = 2048 * (128256 * 4 + 4096 * 2 + kv_row)           # logits fp32, features, the written KV rows
+    probe = plan.modes["piecewise"].probe
+    assert probe == plan.modes["eager"].buffers + 2048 * kv_row + 2 * outputs and 2.5 * GIB < probe < 3 * GIB
+    assert plan.reference_run("full") == plan.modes["eager"].run_bytes + plan.modes["full"].probe
+    assert plan.modes["full_decode_only"].probe < 0.1 * GIB     # it pads decode batches only
+    assert plan.reference_run("eager") == 0 and plan.as_dict()["modes"]["eager"]["reference_total_bytes"] is None
+    plan.budget, plan.budget_source = plan.weights + plan.reference_run("piecewise") - 1, "test"
+    plan.modes = {m: p for m, p in plan.modes.items() if m in ("eager", "piecewise")}
+    plan.modes["piecewise"].probe += plan.modes["piecewise"].run_bytes        # the reference needs the most
+    assert not plan.fits and "the padded reference of piecewise" in plan.message()
+
+
 def _pair_folder(tmp_path: Path) -> tuple[Path, Path]:
     target, draft = tmp_path / "target", tmp_path / "eagle1"
     for folder, config in ((target, LLAMA3_8B), (draft, EAGLE1_8B)):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from parity.commands.common import EXIT_PASS, console, gibibytes
-from parity.harness.plan import check_plan, plan_of
+from parity.harness.plan import check_plan
+from parity.harness.request_plan import plan_of
 from parity.report.bench import concurrency_line
 from parity.report.memory import render_plan, run_line
 

@@ -5,7 +5,7 @@ read each other's results, so they may run at the same time in worker
 processes that share the one copy of the weights (`workers.py`). Each run in
 flight holds what the plan gives its mode beyond the weights (KV cache,
 buffers, graph pools, activations, capture copy, slack; a padded reference
-holds no more than eager), and each worker process its own context
+holds eager's run and its padding probe's copies), and each worker process its own context
 (`WORKER_OVERHEAD`). The width is the most workers such that the weights, their
 contexts and the smallest runs that many at once fit the plan's budget; below
 two, the session runs sequentially, in this process, and says why. Which runs
@@ -71,10 +71,12 @@ def session_jobs(modes, reference_of: dict[str, str], plan) -> list[Job]:
     """Every run of a session, the eager-style ones first (at scale they are launch-bound and the longest)."""
     def size(mode: str) -> int:
         return plan.modes[mode].run_bytes if plan is not None and mode in plan.modes else 0
+    def reference(mode: str) -> int:
+        return plan.reference_run(mode) if plan is not None and mode in plan.modes else 0
     jobs = [Job(EAGER, EAGER, False, size(EAGER))]
     for mode, name in reference_of.items():
         if name not in [j.name for j in jobs]:
-            jobs.append(Job(name, mode, True, size(EAGER)))    # a padded reference needs no more than eager
+            jobs.append(Job(name, mode, True, reference(mode)))    # eager's run and its padding probe
     return jobs + [Job(m, m, False, size(m)) for m in modes if m != EAGER]
 
 

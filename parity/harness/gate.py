@@ -27,7 +27,8 @@ from parity.engine.parts import EngineParts
 from parity.errors import ParityInputError
 from parity.graphs.policy import CapturePolicy
 from parity.harness.modes import run_modes
-from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
+from parity.harness.plan import check_plan
+from parity.harness.request_plan import kv_cache_tokens, plan_request
 from parity.harness.request import (checkpoint_paths, load_request_pair, load_request_scenario, resolve_backend,
                                     resolve_modes)
 from parity.harness.run_ids import slug

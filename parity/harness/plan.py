@@ -21,6 +21,12 @@ mode needs the weights (loaded once) plus what its own run holds:
   the activations, not both;
 - **slack**: 256 MiB + 5% of the run for the caching allocator's rounding.
 
+A graph mode's padded reference runs eagerly at the mode's padded shapes:
+eager's run, plus its padding probe (`engine/padding_probe.py`), which saves
+a probed forward's pre-state (the buffers, the KV rows its slots name) and
+compares two runs' live outputs (logits, features, written KV rows): at 8B
+with 2048-token chunks, ~2.8 GiB beyond eager (**padded ref** in the table).
+
 The budget is the device's free memory (`torch.cuda.mem_get_info`), available
 RAM on the CPU, or `--device-memory GIB`. Over budget is one line (exit 2)
 naming the figures and the knob to lower, before any weight is read.
@@ -33,15 +39,12 @@ from dataclasses import dataclass, field
 import torch
 
 from parity.engine.config import EngineConfig, candidate_columns
-from parity.errors import OutOfDeviceMemory, ParityInputError
+from parity.errors import OutOfDeviceMemory
 from parity.graphs.dispatcher import Dispatcher
 from parity.graphs.modes import EAGER, FULL, PIECEWISE, default_capture_sizes, fallback_for, validate_capture_sizes
 from parity.harness.activations import (FP32, Dims, Geometry, attention_bytes, draft_bytes, pieces_bytes,
                                         verify_bytes)
-from parity.harness.request import load_request_scenario, resolve_backend, resolve_dtype, resolve_modes
 from parity.models import memory
-from parity.models import tp
-from parity.models.zoo import get_entry, resolve_paths
 
 GIB = 1 << 30
 SLACK_BYTES = 256 << 20
@@ -62,6 +65,7 @@ class ModePlan:
     capture_state: int = 0       # the copy of KV cache and buffers alive while graphs are captured
     slack: int = 0
     graphs: int = 0              # how many graphs the run captures
+    probe: int = 0               # its padded reference's padding probe: a pre-state and two live-output copies
 
     @property
     def run_bytes(self) -> int:
@@ -81,6 +85,7 @@ class MemoryPlan:
     weights: int
     modes: dict[str, ModePlan]
     knobs: dict                           # the scenario's figures a user can lower
+    eager_run: int = 0                    # eager's run bytes: what a padded reference holds besides its probe
     budget: int | None = None
     budget_source: str = ""
     device: str = "cpu"
@@ -89,31 +94,44 @@ class MemoryPlan:
     def total(self, mode: str) -> int:
         return self.weights + self.modes[mode].run_bytes
 
+    def reference_run(self, mode: str) -> int:
+        """What `mode`'s padded reference holds beyond the weights (eager holds no reference: 0)."""
+        return 0 if mode == EAGER else self.eager_run + self.modes[mode].probe
+
+    def need(self, mode: str) -> int:
+        """The most the device holds for `mode`: its run, or its padded reference's."""
+        return max(self.total(mode), self.weights + self.reference_run(mode))
+
     @property
     def worst(self) -> str:
-        return max(self.modes, key=self.total)
+        return max(self.modes, key=self.need)
 
     @property
     def fits(self) -> bool:
-        return self.budget is None or all(self.total(m) <= self.budget for m in self.modes)
+        return self.budget is None or all(self.need(m) <= self.budget for m in self.modes)
 
     def message(self) -> str:
         """One line: the mode that does not fit, its figures in GiB, the budget and the knob to lower."""
         worst = self.modes[self.worst]
-        parts = ", ".join(f"{label} {_gib(value)}" for label, value in (
-            ("weights", self.weights), ("KV cache", worst.kv_cache), ("buffers", worst.buffers),
-            ("graphs", worst.graph_bytes), ("activations", worst.activations),
-            ("capture copy", worst.capture_state), ("slack", worst.slack)))
-        return (f"memory plan: the {worst.mode} run of {self.model} in {self.dtype} needs "
-                f"{self.total(worst.mode) / GIB:.1f} GiB ({parts}) but {self.budget_source} is "
-                f"{(self.budget or 0) / GIB:.1f} GiB; {self.knob()} (`parity run --plan` shows every mode)")
+        if self.need(worst.mode) > self.total(worst.mode):
+            run, need = f"padded reference of {worst.mode}", self.need(worst.mode)
+            figures = (("weights", self.weights), ("eager's run", self.eager_run), ("padding probe", worst.probe))
+        else:
+            run, need = f"{worst.mode} run", self.total(worst.mode)
+            figures = (("weights", self.weights), ("KV cache", worst.kv_cache), ("buffers", worst.buffers),
+                       ("graphs", worst.graph_bytes), ("activations", worst.activations),
+                       ("capture copy", worst.capture_state), ("slack", worst.slack))
+        parts = ", ".join(f"{label} {_gib(value)}" for label, value in figures)
+        return (f"memory plan: the {run} of {self.model} in {self.dtype} needs {need / GIB:.1f} GiB ({parts}) but "
+                f"{self.budget_source} is {(self.budget or 0) / GIB:.1f} GiB; {self.knob()} (`parity run --plan` "
+                f"shows every mode)")
 
     def knob(self) -> str:
         """What to lower, from the component that dominates the worst run."""
         worst, k = self.modes[self.worst], self.knobs
         if self.weights + SLACK_BYTES > (self.budget or 0):
             return "the weights alone do not fit: use a smaller --dtype or a larger device"
-        biggest = max(("graphs", worst.graph_bytes), ("activations", worst.activations),
+        biggest = max(("graphs", worst.graph_bytes), ("activations", worst.activations + worst.probe),
                       ("kv", worst.kv_cache + worst.capture_state), key=lambda item: item[1])[0]
         if biggest == "kv":
             hint = f"lower max_model_len ({k['max_model_len']}) or max_num_seqs ({k['max_num_seqs']})"
@@ -122,7 +140,7 @@ class MemoryPlan:
                     f"{k['largest_capture_size']})")
         else:
             hint = f"lower max_num_batched_tokens ({k['max_num_batched_tokens']})"
-        fitting = [m for m in self.modes if self.budget is not None and self.total(m) <= self.budget]
+        fitting = [m for m in self.modes if self.budget is not None and self.need(m) <= self.budget]
         if fitting:
             over = [m for m in self.modes if m not in fitting]
             hint += f", or leave out --modes {','.join(over)}"
@@ -133,7 +151,9 @@ class MemoryPlan:
                 "budget_bytes": self.budget, "budget_source": self.budget_source, "fits": self.fits,
                 "knobs": self.knobs, "notes": self.notes,
                 "modes": {m: {**{f"{c}_bytes": getattr(p, c) for c in COMPONENTS}, "graphs": p.graphs,
-                              "total_bytes": self.total(m)} for m, p in self.modes.items()}}
+                              "total_bytes": self.total(m), "probe_bytes": p.probe,
+                              "reference_total_bytes": self.weights + self.reference_run(m) if m != EAGER else None}
+                          for m, p in self.modes.items()}}
 
 
 def make_plan(target: dict, head: dict, dtype: torch.dtype, scenario, modes, model: str = "",
@@ -144,14 +164,16 @@ def make_plan(target: dict, head: dict, dtype: torch.dtype, scenario, modes, mod
     sizes = validate_capture_sizes(scenario.capture_sizes) if scenario.capture_sizes is not None \
         else default_capture_sizes(cfg.max_num_batched_tokens)
     shapes = _Shapes(target, head, s, cfg)
-    plans = {mode: _mode_plan(mode, shapes, cfg, sizes, scenario.drafter_mode,
-                              policy_shared_pool or scenario.shared_drafter_pool) for mode in modes}
+    shared = policy_shared_pool or scenario.shared_drafter_pool
+    plans = {mode: _mode_plan(mode, shapes, cfg, sizes, scenario.drafter_mode, shared) for mode in modes}
+    eager = plans[EAGER] if EAGER in plans else _mode_plan(EAGER, shapes, cfg, sizes, scenario.drafter_mode, shared)
     knobs = {"scenario": scenario.path, "max_num_batched_tokens": cfg.max_num_batched_tokens,
              "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs,
              "largest_capture_size": max((s_ for s_ in sizes if s_ <= cfg.max_num_batched_tokens), default=0)}
     weights = (memory.target_params(target) + memory.head_params(head)) * s
-    return MemoryPlan(model, str(dtype).removeprefix("torch."), weights, plans, knobs,
-                      notes=["padded references run eagerly at padded shapes: they need no more than eager"])
+    return MemoryPlan(model, str(dtype).removeprefix("torch."), weights, plans, knobs, eager_run=eager.run_bytes,
+                      notes=["a padded reference runs eagerly at its mode's padded shapes: eager's run plus its "
+                             "padding probe's copies (padded ref)"])
 
 
 class _Shapes:
@@ -191,6 +213,15 @@ class _Shapes:
     def dims(self, owner: str) -> Dims:
         return self.t if owner == "target" else self.h
 
+    def probe(self, tokens: int) -> int:
+        """The padding probe of a padded reference around the target's verify of `tokens` padded tokens (its
+        largest probed forward): the saved pre-state (every buffer, the KV rows the slots name) and two runs'
+        live outputs (logits [T, vocab] fp32, the drafter's features, the KV rows written)."""
+        t = self.t
+        kv_row = 2 * t.layers * t.kv_heads * t.head_dim * self.s
+        outputs = tokens * (t.vocab * FP32 + (self.aux or t.hidden) * self.s + kv_row)
+        return self.buffers + tokens * kv_row + 2 * outputs
+
 
 def _phases(cfg) -> dict[str, list[tuple[str, int, int]]]:
     """Each owner's forwards as (phase, largest batch in tokens, uniform query length), as the owners declare."""
@@ -202,7 +233,7 @@ def _phases(cfg) -> dict[str, list[tuple[str, int, int]]]:
 def _mode_plan(mode: str, shapes: _Shapes, cfg, sizes, drafter_mode, shared_pool: bool) -> ModePlan:
     plan = ModePlan(mode, kv_cache=shapes.kv_cache, buffers=shapes.buffers)
     T, R = cfg.max_num_batched_tokens, cfg.max_num_seqs
-    peaks, eager, piecewise_tokens = {}, [], 0
+    peaks, eager, piecewise_tokens, padded_verify = {}, [], 0, 0
     for owner, phases in _phases(cfg).items():
         owner_mode = mode if owner == "target" else drafter_mode or mode
         dispatcher = Dispatcher(owner_mode, sizes, R, T, {p: q for p, _, q in phases})
@@ -210,6 +241,8 @@ def _mode_plan(mode: str, shapes: _Shapes, cfg, sizes, drafter_mode, shared_pool
         for phase, max_tokens, _ in phases:
             for runtime, _, tokens, rows in dispatcher.capture_plan(phase, max_tokens):
                 plan.graphs += 1
+                if owner == "target":
+                    padded_verify = max(padded_verify, tokens)
                 peaks[owner] = max(peaks[owner], shapes.forward(owner, tokens, rows, attention=runtime == FULL))
                 if runtime == PIECEWISE:
                     plan.pieces += pieces_bytes(shapes.dims(owner), tokens, shapes.s)
@@ -229,37 +262,7 @@ def _mode_plan(mode: str, shapes: _Shapes, cfg, sizes, drafter_mode, shared_pool
     plan.activations = max(eager + [records])
     plan.capture_state = plan.kv_cache + plan.buffers if plan.graphs else 0
     plan.slack = SLACK_BYTES + int(SLACK_SHARE * plan.run_bytes)
-    return plan
-
-
-def device_budget(device: torch.device, device_memory_gib: float | None = None) -> tuple[int | None, str]:
-    """(bytes a run may use, where that figure comes from): --device-memory, the GPU's free memory, or RAM."""
-    if device_memory_gib is not None:
-        return int(device_memory_gib * GIB), f"--device-memory {device_memory_gib:g} GiB"
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return free, f"the free memory of {device} ({total / GIB:.1f} GiB in all)"
-    return memory._available_ram(), "the available RAM"
-
-
-def plan_pair(target_dir, draft_dir, dtype: torch.dtype, scenario, modes, device: torch.device, model: str = "",
-              device_memory_gib: float | None = None, shared_pool: bool = False) -> MemoryPlan | None:
-    """The plan for the checkpoints in two folders (their config.json only), with the budget; None when a
-    config is missing or malformed (the loader then names the file)."""
-    # NOTE: a rank of a TP run plans its own slices (docs/tp.md); the drafter is whole on every rank.
-    target, head = tp.rank_config_dict(memory._config(target_dir)), memory._config(draft_dir)
-    context = target.get("max_position_embeddings")
-    if context and scenario.max_model_len > context:
-        # NOTE: past the model's context RoPE has no trained positions, and the paged attention walks a
-        # context that long at every step: hours on a CPU. vLLM refuses it the same way.
-        raise ParityInputError(f"{scenario.path}: max_model_len {scenario.max_model_len} exceeds the model's "
-                               f"context ({context}, max_position_embeddings in {target_dir}/config.json)")
-    try:
-        plan = make_plan(target, head, dtype, scenario, modes, model, shared_pool)
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
-    plan.budget, plan.budget_source = device_budget(device, device_memory_gib)
-    plan.device = str(device)
+    plan.probe = shapes.probe(padded_verify) if padded_verify else 0
     return plan
 
 
@@ -267,32 +270,6 @@ def check_plan(plan: MemoryPlan | None) -> None:
     """Refuse, in one line, a plan that does not fit its budget."""
     if plan is not None and not plan.fits:
         raise OutOfDeviceMemory(plan.message())
-
-
-def kv_cache_tokens(scenario) -> int:
-    """The KV slots an engine of this scenario allocates per layer (what the loader's memory check reserves)."""
-    cfg = EngineConfig.of(scenario)
-    return cfg.num_blocks * cfg.block_size
-
-
-def plan_request(request, scenario, modes, device: torch.device) -> MemoryPlan | None:
-    """The plan of a `parity run` / `bisect` / `gate` request: its pair's configs, dtype, scenario and modes."""
-    entry = get_entry(request.model)
-    target_dir, draft_dir = resolve_paths(request.model, request.target_path, request.draft_path)
-    dtype = resolve_dtype(request.dtype, entry.embedded, device)
-    return plan_pair(target_dir, draft_dir, dtype, scenario, modes, device, request.model,
-                     getattr(request, "device_memory", None), request.policy.shared_drafter_pool)
-
-
-def plan_of(request) -> MemoryPlan:
-    """`parity run --plan`: the plan of a request, from its scenario and pair configs alone."""
-    scenario = load_request_scenario(request.scenario_path, request.seed)
-    _, device = resolve_backend(request.backend)
-    plan = plan_request(request, scenario, resolve_modes(request.modes, scenario), device)
-    if plan is None:
-        raise ParityInputError(f"{request.model}: no memory plan: a config.json of the pair is missing or lacks "
-                               f"hidden_size / num_attention_heads / vocab_size")
-    return plan
 
 
 def _gib(value: float) -> str:

@@ -26,7 +26,8 @@ from parity.harness.concurrency import decide, session_jobs
 from parity.harness.concurrent import RunPool
 from parity.harness.modes import (RunSet, capture_policy, reference_names, request_specs, run_modes,
                                   run_reference)
-from parity.harness.plan import check_plan, kv_cache_tokens, plan_request
+from parity.harness.plan import check_plan
+from parity.harness.request_plan import kv_cache_tokens, plan_request
 from parity.harness.padding_diagnosis import padding_diagnosis, unless_unexplained
 from parity.harness.release import Stopwatch, frozen_heap, measured
 from parity.harness.staging_check import staging_diagnosis

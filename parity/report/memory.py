@@ -50,9 +50,12 @@ def plan_table(plan: dict) -> Table:
     for key, label in ROWS:
         values = [plan["weights_bytes"] if key == "weights" else figures[key] for figures in modes.values()]
         table.add_row(label, *[f"{v / scale:.2f}" for v in values], style="bold" if key == "total_bytes" else None)
+    table.add_row("padded ref", *["-" if f.get("reference_total_bytes") is None
+                                  else f"{f['reference_total_bytes'] / scale:.2f}" for f in modes.values()])
     table.add_row("graphs captured", *[str(figures["graphs"]) for figures in modes.values()])
     if plan["budget_bytes"]:
-        table.add_row("fits", *["yes" if f["total_bytes"] <= plan["budget_bytes"] else "NO" for f in modes.values()])
+        table.add_row("fits", *["yes" if max(f["total_bytes"], f.get("reference_total_bytes") or 0)
+                                <= plan["budget_bytes"] else "NO" for f in modes.values()])
     return table
 
 
