@@ -149,8 +149,7 @@ class DraftVocabLMHead(nn.Module):
 
     def logits_to_target(self, draft: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary [N, V_draft] -> over the target's [N, V_target] (-inf elsewhere)."""
-        out = draft.new_full((draft.shape[0], self.target_vocab_size), float("-inf"))
-        return out.index_copy_(1, self.target_ids(), draft)
+        return self._in_target(draft, float("-inf"))
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids [N] -> their target ids [N]."""
@@ -158,8 +157,12 @@ class DraftVocabLMHead(nn.Module):
 
     def distribution_to_target(self, probs: torch.Tensor) -> torch.Tensor:
         """A distribution over the draft vocabulary [N, V_draft] -> over the target's [N, V_target] (0 elsewhere)."""
-        out = probs.new_zeros((probs.shape[0], self.target_vocab_size))
-        return out.index_copy_(1, self.target_ids(), probs)
+        return self._in_target(probs, 0.0)
+
+    def _in_target(self, values: torch.Tensor, elsewhere: float) -> torch.Tensor:
+        """[N, V_draft] values placed at their target ids of an [N, V_target] tensor holding `elsewhere`."""
+        out = values.new_full((values.shape[0], self.target_vocab_size), elsewhere)
+        return out.index_copy_(1, self.target_ids(), values)
 
 
 class Eagle3Head(FusedLayers):
