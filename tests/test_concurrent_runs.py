@@ -252,6 +252,24 @@ def test_a_context_no_worker_can_receive_runs_the_session_here(tmp_path):
     assert runs.concurrency["reason"] == "sequential: the tokenizer cannot be sent to a worker process"
 
 
+def test_parts_with_injected_faults_reach_a_worker_as_the_same_classes():
+    """A run with `--inject` stays concurrent: the stacked fault classes pickle as the call that makes them, so a
+    fresh process (here: the stacking cache cleared) rebuilds each with its name and method order."""
+    import pickle
+
+    from parity.faults import seam
+    from parity.harness.workers import sendable
+    everything = [seam.apply([name]) for name in seam.MUTATIONS] + [seam.apply(["stale-slot-mapping",
+                                                                                "reassign-seq-lens"])]
+    assert sendable(*everything) is None
+    data = pickle.dumps(everything)
+    seam._stack.cache_clear()
+    for (parts, policy), (sent_parts, sent_policy) in zip(everything, pickle.loads(data)):
+        for before, after in zip([*parts.roles().values(), policy.executor],
+                                 [*sent_parts.roles().values(), sent_policy.executor]):
+            assert [c.__qualname__ for c in after.__mro__] == [c.__qualname__ for c in before.__mro__]
+
+
 def test_the_line_says_how_the_runs_went():
     from parity.report.bench import concurrency_line
 

@@ -52,6 +52,9 @@ def lab_at_mismatch(monkeypatch, owner: Rows, bug):
     audit = GraphAudit(owner.forward, name="rows", on_mismatch="record")
     G = torch.cuda if owner.cache.is_cuda else emulated
     graph = G.CUDAGraph()
+    if owner.cache.is_cuda:     # a warm-up outside capture, as torch.cuda.graph asks: cuBLAS's handle is made here
+        owner.forward()
+        torch.cuda.synchronize()
     with audited_graph(graph, audit):     # on CUDA too: the block attaches the audit to the graph's replays
         audit()
     for step in range(1, 4):

@@ -8,7 +8,9 @@ policy values, never fault names.
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
+import functools
 
 from parity.engine.parts import EngineParts
 from parity.faults import hybrid_mutations as h
@@ -91,5 +93,17 @@ def apply(names, parts: EngineParts = EngineParts(),
     return parts, policy
 
 
+@functools.cache
 def _stack(mixin: type, base: type) -> type:
-    return type(f"{mixin.__name__}{base.__name__}", (mixin, base), {})
+    """`mixin` over `base`, one class per pair. It pickles as the call that makes it (`_metaclass`), so the
+    parts of a run with injected faults reach its worker processes and the run stays concurrent."""
+    return _metaclass(type(base))(f"{mixin.__name__}{base.__name__}", (mixin, base), {})
+
+
+@functools.cache
+def _metaclass(meta: type) -> type:
+    """`meta` whose classes pickle as `_stack(*bases)` (copyreg: a class of a custom metaclass otherwise pickles
+    by name, and a class made at run time has no name a worker can import)."""
+    stacked = type(f"Stacked{meta.__name__}", (meta,), {})
+    copyreg.pickle(stacked, lambda cls: (_stack, cls.__bases__))
+    return stacked
