@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from parity.commands.common import EXIT_PASS, console, gibibytes
 from parity.harness.plan import check_plan
@@ -48,3 +49,25 @@ def print_session(summary: dict) -> None:
     line = concurrency_line((summary.get("measured") or {}).get("concurrency"))
     if line:
         print(f"runs: {line}", flush=True)
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: /proc), interpreter start-up and imports included; else None."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            return float(uptime.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def print_process(session_began: float | None, session_ended: float | None) -> None:
+    """--verbose, last: where the process's time went around the session (ages from `process_age`): before it
+    (start-up, imports), in it, and after it (saving and rendering the report). What the process spends
+    exiting (closing workers, freeing the device) comes after this line."""
+    now = process_age()
+    if None in (now, session_began, session_ended):
+        return
+    print(f"process: {session_began:.2f} s before the session (start-up, imports), session "
+          f"{session_ended - session_began:.2f} s, report {now - session_ended:.2f} s; {now:.2f} s so far",
+          flush=True)

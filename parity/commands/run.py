@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, count, run_request
-from parity.commands.memory import add_memory_options, print_run, print_session, show_plan, with_memory
+from parity.commands.memory import (add_memory_options, print_process, print_run, print_session, process_age, show_plan,
+                                    with_memory)
 from parity.commands import tp
 from parity.commands.outputs import add_force, check_out, save_run
 from parity.harness.session import run_session
@@ -40,8 +41,10 @@ def main(args) -> int:
     if args.plan:
         return show_plan(request)
     check_out(args)
+    began = process_age()
     with mode_progress(not args.quiet) as progress:
         outcome = run_session(request, progress, on_run=print_run if args.verbose else None)
+    ended = process_age()
     summary = outcome.summary
     if args.verbose:
         print_session(summary)
@@ -49,4 +52,6 @@ def main(args) -> int:
     out_dir = save_run(args, summary, outcome.runs, outcome.scenario.name)
     render(summary, diagnosis_panel=diagnoses_view(summary))
     print(f"artifacts: {out_dir}")
+    if args.verbose:
+        print_process(began, ended)
     return EXIT_PASS if summary["verdict"] == "pass" else EXIT_DRIFT
