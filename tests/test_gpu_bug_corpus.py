@@ -33,13 +33,15 @@ SITE = ("owner", "phase", "draft_step")
 def _grades(backends: tuple[str, ...], out: Path) -> dict:
     """Each backend's grades, graded at the same time (the emulated grade runs on the CPU while the CUDA one
     runs on the GPU: one after the other they were the long pole of `make test-gpu`)."""
-    reports = {b: out / f"bugs-{b}.json" for b in backends}
-    graders = {b: subprocess.Popen([sys.executable, "-m", "tests.bugs.grade", "--backend", b, "--jobs", "8",
-                                    "--json", str(reports[b])], cwd=ROOT, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True) for b in backends}
-    said = {b: grader.communicate()[0] for b, grader in graders.items()}
-    for b, report in reports.items():
-        assert report.exists(), f"{b}: {said[b][-3000:]}"
+    reports, logs = ({b: out / f"bugs-{b}.{ext}" for b in backends} for ext in ("json", "log"))
+    graders = {}
+    for b in backends:
+        with logs[b].open("w") as log:      # files, not pipes: a full pipe would stall a grader nobody reads yet
+            graders[b] = subprocess.Popen([sys.executable, "-m", "tests.bugs.grade", "--backend", b, "--jobs", "8",
+                                           "--json", str(reports[b])], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    for b, grader in graders.items():
+        grader.wait()
+        assert reports[b].exists(), f"{b}: {logs[b].read_text()[-3000:]}"
     return {b: json.loads(report.read_text()) for b, report in reports.items()}
 
 
