@@ -127,11 +127,11 @@ class ShadowLab:
         self.replays += 1
         writes = {ptr: self.pre.saved[ptr][0].clone() for ptr in self.eager.writes}
         for captured, live in redirect:
-            src, dst = storage_ptr(captured), storage_ptr(live)
-            # NOTE: the captured buffer's bytes stand for the live buffer's (a KV cache reallocated after capture).
-            if src != dst and dst in writes and src in self.pre.saved \
-                    and captured.untyped_storage().nbytes() == live.untyped_storage().nbytes():
-                writes[dst] = self.pre.saved[src][0].clone()
+            dst = storage_ptr(live)
+            # NOTE: what the graph wrote through the captured tensor stands where eager writes the live one (a KV
+            # cache reallocated after capture, whole or as a view of a larger storage).
+            if storage_ptr(captured) != dst and dst in writes:
+                placed(writes[dst], live).copy_(captured)
         return Result(clone_outputs(self.record.outputs if graph is None else graph.outputs), writes)
 
     def matches(self, result: Result) -> bool:
@@ -256,3 +256,9 @@ def shadow(fn, args: tuple, kwargs: dict) -> tuple[Result, WriteLog]:
         return Result(clone_outputs(tensors), {ptr: live.clone() for ptr, live in log.written().items()}), log
     finally:
         log.undo()
+
+
+def placed(storage_bytes: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The elements of `like` (dtype, offset, sizes, strides) inside a copy of its storage's bytes."""
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(
+        storage_bytes.untyped_storage(), like.storage_offset(), like.shape, like.stride())
