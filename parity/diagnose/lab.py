@@ -66,35 +66,33 @@ class Divergence:
     def executor(self):
         return executor_of(self.graph, self.ev_g.owner)
 
+    def side(self, run: str = "graph") -> tuple:
+        """(engine, event) of run "graph" or "ref" at the forward."""
+        return (self.graph, self.ev_g) if run == "graph" else (self.ref, self.ev_r)
+
     def restore(self, run: str = "graph") -> None:
         """Put run "graph" or "ref" back just before the forward."""
         restore(self.snaps[run])
 
     def forward(self, run: str = "graph"):
         """The forward function of the divergent forward, in run "graph" or "ref"."""
-        engine, event = (self.graph, self.ev_g) if run == "graph" else (self.ref, self.ev_r)
+        engine, event = self.side(run)
         return forward_fn(engine, event.owner, event.phase)
 
-    def rerun(self, run: str = "graph") -> dict:
-        """Run the forward again through its owner's executor, from wherever the run stands; its outputs."""
-        engine, event = (self.graph, self.ev_g) if run == "graph" else (self.ref, self.ev_r)
-        self.replays += 1
-        result = engine.owner(event.owner).executor.execute(event.dispatch, self.forward(run), event.meta)
-        return outputs(engine, event, result)
-
-    def run(self, change=None, graph=None, redirect=()) -> dict:
-        """From the graph run's pre-state, `change()`, then the forward through its executor (`graph`: that graph
-        replayed on the live metadata instead); what it wrote to each captured tensor of `redirect` ((captured,
-        live) pairs) is copied to the live one; its outputs (`parity.audit.lab.Lab`)."""
-        self.restore()
+    def run(self, change=None, graph=None, redirect=(), side: str = "graph") -> dict:
+        """From the pre-state of run `side` ("graph", or "ref"), `change()`, then the forward through its executor
+        (`graph`: that graph replayed on the live metadata instead); what it wrote to each captured tensor of
+        `redirect` ((captured, live) pairs) is copied to the live one; its outputs (`parity.audit.lab.Lab`)."""
+        engine, event = self.side(side)
+        self.restore(side)
         if change is not None:
             change()
         self.replays += 1
-        returned = (graph.replay(self.ev_g.meta) if graph is not None
-                    else self.executor.execute(self.dispatch, self.forward(), self.ev_g.meta))
+        returned = (graph.replay(event.meta) if graph is not None
+                    else engine.owner(event.owner).executor.execute(event.dispatch, self.forward(side), event.meta))
         for captured, live in redirect:
             live.copy_(captured)
-        return outputs(self.graph, self.ev_g, returned)
+        return outputs(engine, event, returned)
 
     def host_values(self) -> list[HostValue]:
         """The owner's host values the reference's forward advanced itself that the graph was captured with at
