@@ -19,7 +19,6 @@ from __future__ import annotations
 from parity.audit.one_variable import search
 from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
 from parity.diagnosis.record import Diagnosis
-from parity.diagnose.state import host_moves
 from parity.graphs import host_state
 from parity.graphs.host_state import short
 from parity.graphs.tp_agree import agree_same
@@ -28,7 +27,10 @@ from parity.graphs.tp_agree import agree_same
 def moved_by(snaps: dict, ev_r, ev_g) -> dict:
     """What the divergent forward moved, in each run: {"ref": {path: (before, after)}, "graph": {...}}.
     Call before anything restores the pre-state (the runs stand just after the forward)."""
-    return {"ref": host_moves(snaps["ref"], ev_r.owner), "graph": host_moves(snaps["graph"], ev_g.owner)}
+    def moves(run, ev):
+        holder, values = snaps[run]["host"][ev.owner]
+        return host_state.moved(values, holder)
+    return {"ref": moves("ref", ev_r), "graph": moves("graph", ev_g)}
 
 
 def moved(lab) -> list[tuple]:

@@ -31,7 +31,7 @@ from parity.diagnose.host_moves import moved
 from parity.diagnose.readset import graph_writes, reference_writes, storage_roles
 from parity.diagnose import handed
 from parity.diagnose.repairs import repairs
-from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
+from parity.diagnose.state import max_diff, outputs, restore
 from parity.graphs import host_state
 from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
@@ -64,7 +64,7 @@ class Divergence:
 
     @property
     def executor(self):
-        return executor_of(self.graph, self.ev_g.owner)
+        return self.graph.owner(self.ev_g.owner).executor
 
     def side(self, run: str = "graph") -> tuple:
         """(engine, event) of run "graph" or "ref" at the forward."""
@@ -77,7 +77,7 @@ class Divergence:
     def forward(self, run: str = "graph"):
         """The forward function of the divergent forward, in run "graph" or "ref"."""
         engine, event = self.side(run)
-        return forward_fn(engine, event.owner, event.phase)
+        return engine.owner(event.owner).forward(event.phase).fn
 
     def run(self, change=None, graph=None, redirect=(), side: str = "graph") -> dict:
         """From the pre-state of run `side` ("graph", or "ref"), `change()`, then the forward through its executor
@@ -145,7 +145,7 @@ class Divergence:
         the one thing an experiment changes); the run is put back to its pre-state after, whether the capture
         succeeds or raises."""
         d, backend = self.dispatch, self.executor.backend
-        fn = forward_fn(self.graph, self.ev_g.owner, phase or self.ev_g.phase)
+        fn = self.graph.owner(self.ev_g.owner).forward(phase or self.ev_g.phase).fn
         meta = self.entry.capture_meta if meta is None else meta
         host = {k: v for k, v in (overrides or {}).items() if isinstance(k, Path)}
         if overrides is not None:

@@ -37,6 +37,7 @@ from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.audit.ranks import shared
+from parity.audit.state import rows_apart
 from parity.diagnose.repairs import breaches
 from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
@@ -104,10 +105,7 @@ def _kv_rows(owner) -> list[torch.Tensor]:
 
 
 def _changed(old: list[torch.Tensor], new: list[torch.Tensor]) -> set[int]:
-    rows = set()
-    for a, b in zip(old, new):
-        rows |= set(torch.nonzero((a != b).reshape(a.shape[0], -1).any(dim=1)).flatten().tolist())
-    return rows
+    return {row for a, b in zip(old, new) for row in rows_apart(a, b)}
 
 
 def _slot_breaches(owner, event):

@@ -21,14 +21,9 @@ import torch
 from parity.audit.repairs import Repair, Unit, units
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
 from parity.diagnose.readset import reference_reads
-from parity.diagnose.state import registry_of
 from parity.graphs.manifest import live_object_tensor
 
 INDEX_ORDER = ("token", "row", "row+1")
-
-
-def _spec(registry, name):
-    return registry.spec(name) if name in registry else None
 
 
 def repairs(lab) -> list[Unit]:
@@ -43,8 +38,8 @@ def repairs(lab) -> list[Unit]:
 def candidates(lab, read_by_reference: set[str]) -> list[Repair]:
     """Every repair the addresses and values at this forward suggest, most specific kind per role."""
     ref, graph, ev_r, ev_g, snaps, entry = lab.ref, lab.graph, lab.ev_r, lab.ev_g, lab.snaps, lab.entry
-    registry = registry_of(graph, ev_g.owner)
-    ref_registry = registry_of(ref, ev_r.owner)
+    registry = graph.owner(ev_g.owner).buffers
+    ref_registry = ref.owner(ev_r.owner).buffers
     graph_state, ref_state = snaps["graph"]["tensors"], snaps["ref"]["tensors"]
 
     def reference_value(name):
@@ -70,7 +65,7 @@ def candidates(lab, read_by_reference: set[str]) -> list[Repair]:
                                     "the KV cache's tensors were replaced; the graph reads and writes the old ones",
                                     live))
             continue
-        if e.name not in read_by_reference or _spec(registry, e.name) is None:
+        if e.name not in read_by_reference or e.name not in registry:
             continue
         region = registry.spec(e.name).used(d.num_tokens, d.num_reqs)
         before = graph_state.before(e.tensor)

@@ -37,6 +37,7 @@ from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.padding import padded_writes, slot_list
 from parity.diagnose.state import max_diff
+from parity.audit.state import rows_apart
 from parity.graphs.tp_agree import merged_lines
 
 RERUNS = 2
@@ -54,8 +55,7 @@ def unstable(lab: Divergence, run: str) -> tuple[float, set[int]]:
         again = lab.run(side=run)
         worst = max(worst, max_diff(expected, again)[0])
         for name in first_layer:
-            moved = (expected[name] != again[name]).reshape(expected[name].shape[0], -1).any(dim=1)
-            raced |= set(moved.nonzero().flatten().tolist())
+            raced |= set(rows_apart(expected[name], again[name]))
     lab.restore(run)
     return worst, raced
 
