@@ -104,10 +104,7 @@ class Bisector:
                 break
             except WrongGraph as wrong:    # the replay check stopped the graph run before the graph ran
                 lab = self.divergence(ref, graph, ev_r, pre, snaps, outputs(ref, ev_r), {})
-                found = descriptor.stopped(lab, wrong)
-                self.replays += lab.replays
-                found.replays = self.replays
-                return found
+                return self._counted(lab, descriptor.stopped(lab, wrong))
             # NOTE: under TP every decision below is the ranks' common one (`graphs.tp_agree`): their next
             # forwards, and the collectives in them, must pair up; at TP=1 each agreement is the value itself.
             parted = (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase,
@@ -152,12 +149,18 @@ class Bisector:
 
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
         lab = self.divergence(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst)
-        if lab.entry is None:
-            found = run_stages(lab, EAGER_STAGES) or lab.diagnosis(UNEXPLAINED, [], evidence=[
-                f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
-                "state left by an earlier graph replay, not a buffer read by this one"])
-        else:
-            found = run_stages(lab, GRAPH_STAGES)
+        return self._counted(lab, self.stages(lab, names))
+
+    def stages(self, lab: Divergence, names: list[str]) -> Diagnosis:
+        """The diagnosis of the divergent forward (`names`: its outputs that differ)."""
+        if lab.entry is not None:
+            return run_stages(lab, GRAPH_STAGES)
+        return run_stages(lab, EAGER_STAGES) or lab.diagnosis(UNEXPLAINED, [], evidence=[
+            f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
+            "state left by an earlier graph replay, not a buffer read by this one"])
+
+    def _counted(self, lab: Divergence, found: Diagnosis) -> Diagnosis:
+        """`found`, counting every forward re-run so far (the lab's experiments included)."""
         self.replays += lab.replays
         found.replays = self.replays
         return found
@@ -187,12 +190,8 @@ class PaddingBisector(Bisector):
     def after_the_forwards(self, graph, ref_result, graph_result):
         return None     # both runs are references: their outputs are fresh tensors
 
-    def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
-        lab = self.divergence(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst)
-        found = padding.stage(lab)
-        self.replays += lab.replays
-        found.replays = self.replays
-        return found
+    def stages(self, lab: Divergence, names: list[str]) -> Diagnosis:
+        return padding.stage(lab)
 
 
 # The stages a divergent forward goes through, in order; the first diagnosis stands. The last always gives one.
