@@ -15,6 +15,7 @@ from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
 from parity.audit.state import delta
 from parity.diagnose.state import diff_rows, max_diff, outputs, snapshot
 from parity.engine.spec_decode import RunEvents
+from parity.graphs import host_state
 from parity.graphs.capacity import ShortBuffers
 from parity.graphs.capture_errors import CaptureError
 from parity.graphs.descriptor import WrongGraph
@@ -171,7 +172,8 @@ class Bisector:
         where = {"rows": diff_rows(out_r, out_g), "max_abs_diff": worst} if worst is not None else {}
         lab = Divergence(self.mode, ref, graph, ev_r, ev_g, snaps, out_r, out_g, where)
         if ev_g.kind != "pre":
-            lab.moves = host_moves.moved_by(snaps, ev_r, ev_g)
+            holder, values = snaps["ref"]["host"][ev_r.owner]
+            lab.moves = host_state.moved(values, holder)
         if ev_g.kind != "pre" and ev_g.dispatch.runtime_mode != EAGER and isinstance(lab.executor, GraphExecutor):
             lab.entry = lab.executor.entry(ev_g.dispatch)
             lab.where["graph"] = _graph_info(ev_g.dispatch, lab.entry)

@@ -51,7 +51,7 @@ class Divergence:
     out_r: dict                 # what each run's forward produced (`state.outputs`)
     out_g: dict
     where: dict = field(default_factory=dict)     # rows, max_abs_diff, graph_info of the difference
-    moves: dict = field(default_factory=dict)     # host values each run's forward moved (`host_moves.moved_by`)
+    moves: dict = field(default_factory=dict)     # host values the reference's forward moved: path -> (a, b)
     entry: object = None        # the graph the forward replayed; None: the run under test ran it eagerly
     replays: int = 0            # forwards re-run to test a hypothesis
     ruled_out: list = field(default_factory=list)    # experiments that did not restore parity, in order
