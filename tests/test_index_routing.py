@@ -115,7 +115,8 @@ class HandLab:
     def restore(self, run: str = "graph") -> None:
         self.spec.zero_()
 
-    def rerun(self, run: str = "graph") -> None:
+    def run(self, change=None, side: str = "graph") -> None:
+        self.restore(side)
         step(self.buffers, self.state, self.spec)
 
     def diagnosis(self, kind, buffers, **found):
@@ -125,9 +126,8 @@ class HandLab:
 def rerun_recorded(lab: HandLab):
     """What the stages do: one re-run of the reference's forward from its pre-state, recorded, then the rule."""
     recorder = recorder_of(lab)
-    lab.restore("ref")
     with recorder:
-        lab.rerun("ref")
+        lab.run(side="ref")
     return overwrite_diagnosis(lab, recorder)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from parity.audit import GraphAudit, audited_graph, check, emulated, repairs
-from parity.audit.repairs import Repair, attempt, single
+from parity.audit.repairs import Repair, attempt, units
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, STALE_BUFFER
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -133,4 +133,14 @@ def test_an_attempt_puts_back_what_it_wrote_and_a_futile_repair_runs_nothing(mon
     assert lab.replays == replays + 1
     futile = Repair(STALE_BUFFER, "pos", "test", "copy", captured, slice(None), before, futile=True)
     assert not attempt(lab, [futile]) and lab.replays == replays + 1, "a futile repair is ruled out unreplayed"
-    assert single(fix).applied == single(fix).told == [fix]
+    assert units([fix])[0].applied == units([fix])[0].told == [fix]
+
+
+def test_units_keep_each_repair_alone_but_one_variable_together():
+    t = torch.zeros(2)
+    alone = [Repair(STALE_BUFFER, "pos", "registry", "refresh", t, slice(None), t) for _ in range(2)]
+    cache = [Repair(STALE_BUFFER, "kv_cache", "kv cache", f"redirect {i}", t, slice(None), t, variable="kv")
+             for i in range(2)]
+    found = units([cache[0], *alone, cache[1]])
+    assert [u.applied for u in found] == [[alone[0]], [alone[1]], cache], "one role's two tensors: two variables"
+    assert all(u.told == u.applied for u in found)

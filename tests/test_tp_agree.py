@@ -78,3 +78,17 @@ def test_a_bisection_whose_ranks_part_ends_the_run_as_rank_divergence():
     d = summary["diagnosis"]
     assert summary["verdict"] == "drift" and d["kind"] == "RANK_DIVERGENCE" and d["rank"] == 1
     assert d["descriptors"] == {"rank 0": '["a"]', "rank 1": '["b"]'} and "stride: drifted roles" in d["evidence"][0]
+
+
+def test_a_repair_found_on_one_rank_is_a_variable_of_every_rank(rank0):
+    import torch
+
+    from parity.audit.repairs import Repair, units
+    t = torch.zeros(2)
+    mine = Repair("STALE_BUFFER", "pos", "registry", "refresh pos", t, slice(None), t)
+    theirs = {"kind": "BUFFER_REASSIGNED", "name": "seq_lens", "holder": "registry", "experiment": "redirect seq_lens",
+              "tensor": None, "region": None, "value": None, "captured": 1, "live": 2, "note": "rebound"}
+    rank0("experiments: repairs", [["BUFFER_REASSIGNED seq_lens (registry)", [theirs]]])
+    found = units([mine])
+    assert [u.applied for u in found] == [[mine], []], "rank 1's variable is a no-op here, tried all the same"
+    assert found[0].told[0].note == " (on rank 0 only)" and found[1].told[0].note == "rebound (on rank 1 only)"

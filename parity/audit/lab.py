@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_flatten
 
 from parity.audit.experiments import copy_repairs
 from parity.audit.recaptures import HostValue
-from parity.audit.repairs import single
+from parity.audit.repairs import units
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.audit.handed import Drift, at_captured_layout, drifted
 from parity.audit.trace import WriteLog, storage_ptr
@@ -174,11 +174,11 @@ class ShadowLab:
         return None
 
     def repairs(self) -> list:
-        """One copy per moved role, each its own variable (`experiments.copy_repairs`), judged on the pre-replay
-        state (a copy of equal values there is futile)."""
+        """One copy per moved role, each its own variable (`experiments.copy_repairs`, `repairs.units`), judged on
+        the pre-replay state (a copy of equal values there is futile)."""
         self.pre.restore()
         found, self.notes = copy_repairs(self.rebinds)
-        return [single(r) for r in found]
+        return units(found)
 
     def diagnosis(self, kind: str, buffers, **found) -> Diagnosis:
         """The audit's record of a verdict at this replay (`found`: evidence, experiment, captured, live...)."""

@@ -11,8 +11,10 @@ that would mean:
 - refresh (every holder still reaches the captured tensor, its values are
   wrong): the reference's values, or the live holder's: STALE_BUFFER;
 - inert padding (a padded entry off its pad value): PADDING_LEAK.
-The lab groups them into variables (`Unit`: what this process applies, and how
-it is told, the same in every process of a tensor-parallel run).
+`units` groups them into variables (`Unit`: what this process applies, and how
+it is told, the same in every process of a tensor-parallel run): each repair
+alone, but those a lab gives one `variable` (every read of a capture-time
+context, every tensor of one cache) as one.
 
 `stage(lab)`: all variables together must restore bitwise parity, then each
 alone in order of specificity (the first that does is the cause, the others
@@ -25,9 +27,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from parity.audit import ranks
 from parity.audit.one_variable import search
 from parity.audit.state import Snapshot
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
+from parity.graphs.tp_agree import world
 
 # The most specific first: a repair that names where the live values went beats one that only refreshes.
 SPECIFICITY = (BUFFER_REASSIGNED, CAPTURE_CONTEXT, STALE_BUFFER, PADDING_LEAK)
@@ -48,6 +52,7 @@ class Repair:
     live_tensor: torch.Tensor | None = None   # a redirect's live holder: gets what the graph wrote
     names: list = field(default_factory=list)  # every name of the role when it has several (default: `name`)
     futile: bool = False       # the write changes nothing: ruled out without running the forward
+    variable: str = ""         # repairs of one variable are applied together (`units`); "": its own
 
     @property
     def buffers(self) -> list[str]:
@@ -61,8 +66,29 @@ class Unit:
     told: list
 
 
-def single(repair: Repair) -> Unit:
-    return Unit([repair], [repair])
+def units(repairs: list[Repair]) -> list[Unit]:
+    """The experiments' variables: each repair alone, then those of one `variable` together. Under TP, every
+    rank's (`ranks.candidates`): a variable another rank found is a no-op here, told as that rank tells it."""
+    keyed: dict[str, list[Repair]] = {}
+    for r in repairs:
+        if not r.variable:
+            key = f"{r.kind} {r.name} ({r.holder})"
+            n = sum(k.split(" #")[0] == key for k in keyed)   # one role, two holders' tensors: two variables
+            keyed[f"{key} #{n}" if n else key] = [r]
+    for r in repairs:
+        if r.variable:
+            keyed.setdefault(r.variable, []).append(r)
+    if world() == 1:
+        return [Unit(unit, unit) for unit in keyed.values()]
+    found = ranks.candidates("experiments: repairs", keyed, lambda unit: [_account(r) for r in unit])
+    return [Unit(c.local or [], [Repair(**{**a, "note": a["note"] + ranks.where(c, world())}) for a in c.described])
+            for c in found]
+
+
+def _account(r: Repair) -> dict:
+    """A repair as another process is told it: no tensor."""
+    return {"kind": r.kind, "name": r.name, "holder": r.holder, "experiment": r.experiment, "tensor": None,
+            "region": None, "value": None, "captured": r.captured, "live": r.live, "note": r.note}
 
 
 def attempt(lab, repairs: list[Repair]) -> bool:

@@ -15,6 +15,7 @@ from parity.diagnose.lab import Divergence, diagnosis_at, run_stages
 from parity.audit.state import delta
 from parity.diagnose.state import diff_rows, max_diff, outputs, snapshot
 from parity.engine.spec_decode import RunEvents
+from parity.graphs import host_state
 from parity.graphs.capacity import ShortBuffers
 from parity.graphs.capture_errors import CaptureError
 from parity.graphs.descriptor import WrongGraph
@@ -104,10 +105,7 @@ class Bisector:
                 break
             except WrongGraph as wrong:    # the replay check stopped the graph run before the graph ran
                 lab = self.divergence(ref, graph, ev_r, pre, snaps, outputs(ref, ev_r), {})
-                found = descriptor.stopped(lab, wrong)
-                self.replays += lab.replays
-                found.replays = self.replays
-                return found
+                return self._counted(lab, descriptor.stopped(lab, wrong))
             # NOTE: under TP every decision below is the ranks' common one (`graphs.tp_agree`): their next
             # forwards, and the collectives in them, must pair up; at TP=1 each agreement is the value itself.
             parted = (ev_r.kind, ev_r.step, ev_r.phase, ev_r.draft_step) != (ev_g.kind, ev_g.step, ev_g.phase,
@@ -152,12 +150,18 @@ class Bisector:
 
     def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
         lab = self.divergence(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst)
-        if lab.entry is None:
-            found = run_stages(lab, EAGER_STAGES) or lab.diagnosis(UNEXPLAINED, [], evidence=[
-                f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
-                "state left by an earlier graph replay, not a buffer read by this one"])
-        else:
-            found = run_stages(lab, GRAPH_STAGES)
+        return self._counted(lab, self.stages(lab, names))
+
+    def stages(self, lab: Divergence, names: list[str]) -> Diagnosis:
+        """The diagnosis of the divergent forward (`names`: its outputs that differ)."""
+        if lab.entry is not None:
+            return run_stages(lab, GRAPH_STAGES)
+        return run_stages(lab, EAGER_STAGES) or lab.diagnosis(UNEXPLAINED, [], evidence=[
+            f"first divergence in an eager forward of the {self.mode} run ({', '.join(names)} differ): "
+            "state left by an earlier graph replay, not a buffer read by this one"])
+
+    def _counted(self, lab: Divergence, found: Diagnosis) -> Diagnosis:
+        """`found`, counting every forward re-run so far (the lab's experiments included)."""
         self.replays += lab.replays
         found.replays = self.replays
         return found
@@ -168,7 +172,8 @@ class Bisector:
         where = {"rows": diff_rows(out_r, out_g), "max_abs_diff": worst} if worst is not None else {}
         lab = Divergence(self.mode, ref, graph, ev_r, ev_g, snaps, out_r, out_g, where)
         if ev_g.kind != "pre":
-            lab.moves = host_moves.moved_by(snaps, ev_r, ev_g)
+            holder, values = snaps["ref"]["host"][ev_r.owner]
+            lab.moves = host_state.moved(values, holder)
         if ev_g.kind != "pre" and ev_g.dispatch.runtime_mode != EAGER and isinstance(lab.executor, GraphExecutor):
             lab.entry = lab.executor.entry(ev_g.dispatch)
             lab.where["graph"] = _graph_info(ev_g.dispatch, lab.entry)
@@ -187,12 +192,8 @@ class PaddingBisector(Bisector):
     def after_the_forwards(self, graph, ref_result, graph_result):
         return None     # both runs are references: their outputs are fresh tensors
 
-    def _explain(self, ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst, names) -> Diagnosis:
-        lab = self.divergence(ref, graph, ev_r, ev_g, snaps, out_r, out_g, worst)
-        found = padding.stage(lab)
-        self.replays += lab.replays
-        found.replays = self.replays
-        return found
+    def stages(self, lab: Divergence, names: list[str]) -> Diagnosis:
+        return padding.stage(lab)
 
 
 # The stages a divergent forward goes through, in order; the first diagnosis stands. The last always gives one.

@@ -16,7 +16,7 @@ import torch
 
 from parity.audit.handed import Drift, at_captured_layout, drifted
 from parity.diagnose.readset import reference_reads
-from parity.diagnose.state import max_diff, outputs, registry_of
+from parity.diagnose.state import max_diff, outputs
 from parity.graphs.manifest import OBJECT_ROOT, live_object_tensor
 from parity.graphs.roles import assign
 from parity.graphs.tp_agree import agree_all, agree_any
@@ -45,7 +45,7 @@ def drifts(lab) -> list[Drift]:
 def rebound(lab) -> list[Drift]:
     """Roles the reference reads through the metadata object at a tensor its persistent buffer does not share,
     where the graph read the persistent buffer."""
-    registry = registry_of(lab.ref, lab.ev_r.owner)
+    registry = lab.ref.owner(lab.ev_r.owner).buffers
     captured: dict = {}
     for e in lab.entry.manifest:
         if e.holder == "registry":
@@ -71,7 +71,7 @@ def handed_at_captured_layout(lab, group: list[Drift]):
     meta, swaps = lab.ev_r.meta, []
     for drift in group:
         if drift.rebound:
-            view = _pointed_back(getattr(meta, drift.name), registry_of(lab.ref, lab.ev_r.owner)[drift.name])
+            view = _pointed_back(getattr(meta, drift.name), lab.ref.owner(lab.ev_r.owner).buffers[drift.name])
             meta = None if view is None else dataclasses.replace(meta, **{drift.name: view})
         elif drift.holder == "metadata object":
             view = at_captured_layout(drift, getattr(meta, drift.name))

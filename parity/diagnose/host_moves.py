@@ -3,7 +3,7 @@
 Eager code moves it at every call (`self.calls += 1`); a capture runs the
 Python once and a replay runs none, so every replay reads the value its capture
 read. The reference shows it: the owner's host values before and after the
-divergent forward differ at the attribute the forward moved (`moved_by`).
+divergent forward differ at the attribute the forward moved (`Divergence.moves`).
 - a graph replay: each such attribute is one of the lab's host values
   (`Divergence.host_values`, by `Path`, the reference's value as the live one,
   what it moved as `moved`), and the audit's re-capture experiments
@@ -19,23 +19,16 @@ from __future__ import annotations
 from parity.audit.one_variable import search
 from parity.diagnosis.kinds import FROZEN_AT_CAPTURE
 from parity.diagnosis.record import Diagnosis
-from parity.diagnose.state import host_moves
 from parity.graphs import host_state
 from parity.graphs.host_state import short
 from parity.graphs.tp_agree import agree_same
-
-
-def moved_by(snaps: dict, ev_r, ev_g) -> dict:
-    """What the divergent forward moved, in each run: {"ref": {path: (before, after)}, "graph": {...}}.
-    Call before anything restores the pre-state (the runs stand just after the forward)."""
-    return {"ref": host_moves(snaps["ref"], ev_r.owner), "graph": host_moves(snaps["graph"], ev_g.owner)}
 
 
 def moved(lab) -> list[tuple]:
     """(path, (before, after)) of each host value the reference's forward advanced that the graph run's owner
     holds too (the same on every rank: ranks whose Python moves other values part here)."""
     graph_pre = lab.snaps["graph"]["host"][lab.ev_g.owner][1]
-    found = [(path, values) for path, values in lab.moves.get("ref", {}).items() if path in graph_pre]
+    found = [(path, values) for path, values in lab.moves.items() if path in graph_pre]
     agree_same("host moves: values the forward moved", [host_state.name(path) for path, _ in found])
     return found
 

@@ -31,7 +31,7 @@ from parity.diagnose.host_moves import moved
 from parity.diagnose.readset import graph_writes, reference_writes, storage_roles
 from parity.diagnose import handed
 from parity.diagnose.repairs import repairs
-from parity.diagnose.state import executor_of, forward_fn, max_diff, outputs, restore
+from parity.diagnose.state import max_diff, outputs, restore
 from parity.graphs import host_state
 from parity.graphs.capture import capture
 from parity.graphs.manager import python_fields
@@ -51,7 +51,7 @@ class Divergence:
     out_r: dict                 # what each run's forward produced (`state.outputs`)
     out_g: dict
     where: dict = field(default_factory=dict)     # rows, max_abs_diff, graph_info of the difference
-    moves: dict = field(default_factory=dict)     # host values each run's forward moved (`host_moves.moved_by`)
+    moves: dict = field(default_factory=dict)     # host values the reference's forward moved: path -> (a, b)
     entry: object = None        # the graph the forward replayed; None: the run under test ran it eagerly
     replays: int = 0            # forwards re-run to test a hypothesis
     ruled_out: list = field(default_factory=list)    # experiments that did not restore parity, in order
@@ -64,7 +64,11 @@ class Divergence:
 
     @property
     def executor(self):
-        return executor_of(self.graph, self.ev_g.owner)
+        return self.graph.owner(self.ev_g.owner).executor
+
+    def side(self, run: str = "graph") -> tuple:
+        """(engine, event) of run "graph" or "ref" at the forward."""
+        return (self.graph, self.ev_g) if run == "graph" else (self.ref, self.ev_r)
 
     def restore(self, run: str = "graph") -> None:
         """Put run "graph" or "ref" back just before the forward."""
@@ -72,29 +76,23 @@ class Divergence:
 
     def forward(self, run: str = "graph"):
         """The forward function of the divergent forward, in run "graph" or "ref"."""
-        engine, event = (self.graph, self.ev_g) if run == "graph" else (self.ref, self.ev_r)
-        return forward_fn(engine, event.owner, event.phase)
+        engine, event = self.side(run)
+        return engine.owner(event.owner).forward(event.phase).fn
 
-    def rerun(self, run: str = "graph") -> dict:
-        """Run the forward again through its owner's executor, from wherever the run stands; its outputs."""
-        engine, event = (self.graph, self.ev_g) if run == "graph" else (self.ref, self.ev_r)
-        self.replays += 1
-        result = engine.owner(event.owner).executor.execute(event.dispatch, self.forward(run), event.meta)
-        return outputs(engine, event, result)
-
-    def run(self, change=None, graph=None, redirect=()) -> dict:
-        """From the graph run's pre-state, `change()`, then the forward through its executor (`graph`: that graph
-        replayed on the live metadata instead); what it wrote to each captured tensor of `redirect` ((captured,
-        live) pairs) is copied to the live one; its outputs (`parity.audit.lab.Lab`)."""
-        self.restore()
+    def run(self, change=None, graph=None, redirect=(), side: str = "graph") -> dict:
+        """From the pre-state of run `side` ("graph", or "ref"), `change()`, then the forward through its executor
+        (`graph`: that graph replayed on the live metadata instead); what it wrote to each captured tensor of
+        `redirect` ((captured, live) pairs) is copied to the live one; its outputs (`parity.audit.lab.Lab`)."""
+        engine, event = self.side(side)
+        self.restore(side)
         if change is not None:
             change()
         self.replays += 1
-        returned = (graph.replay(self.ev_g.meta) if graph is not None
-                    else self.executor.execute(self.dispatch, self.forward(), self.ev_g.meta))
+        returned = (graph.replay(event.meta) if graph is not None
+                    else engine.owner(event.owner).executor.execute(event.dispatch, self.forward(side), event.meta))
         for captured, live in redirect:
             live.copy_(captured)
-        return outputs(self.graph, self.ev_g, returned)
+        return outputs(engine, event, returned)
 
     def host_values(self) -> list[HostValue]:
         """The owner's host values the reference's forward advanced itself that the graph was captured with at
@@ -147,7 +145,7 @@ class Divergence:
         the one thing an experiment changes); the run is put back to its pre-state after, whether the capture
         succeeds or raises."""
         d, backend = self.dispatch, self.executor.backend
-        fn = forward_fn(self.graph, self.ev_g.owner, phase or self.ev_g.phase)
+        fn = self.graph.owner(self.ev_g.owner).forward(phase or self.ev_g.phase).fn
         meta = self.entry.capture_meta if meta is None else meta
         host = {k: v for k, v in (overrides or {}).items() if isinstance(k, Path)}
         if overrides is not None:

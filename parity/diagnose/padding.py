@@ -37,6 +37,7 @@ from parity.audit.delta_debug import ddmin
 from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.audit.ranks import shared
+from parity.audit.state import rows_apart
 from parity.diagnose.repairs import breaches
 from parity.diagnose.routing import overwrite_diagnosis, recorder_of
 from parity.diagnose.state import max_diff
@@ -58,7 +59,7 @@ def padded_kv_writes(lab: Divergence, run: str, watch=None) -> list[int]:
        set to PAD.
     The trash row (the last) is where padded writes belong and is never counted.
     """
-    engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
+    engine, event = lab.side(run)
     owner = engine.owner(event.owner)
     lab.restore(run)
     # The real tokens' slots, as the persistent buffer (what a graph reads) and the metadata object (what an
@@ -70,18 +71,16 @@ def padded_kv_writes(lab: Divergence, run: str, watch=None) -> list[int]:
         real |= set(live[:n].tolist())
     before = _kv_rows(owner)
 
-    def rerun(change, recorder=None) -> list[torch.Tensor]:
-        lab.restore(run)
-        change()
-        with recorder if recorder is not None else nullcontext():
-            lab.rerun(run)
+    def rerun(change=None) -> list[torch.Tensor]:
+        lab.run(change, side=run)
         return _kv_rows(owner)
 
     def set_pad_slots():
         for _, tensor, region, _ in _slot_breaches(owner, event):
             tensor[region] = -1
 
-    plain = rerun(lambda: None, watch)
+    with watch if watch is not None else nullcontext():
+        plain = rerun()
     written = _changed(before, plain) - real
     poisoned = rerun(lambda: poison_padding(owner.buffers, event.dispatch, salt=1))
     layers = len(owner.kv_cache.keys)
@@ -106,10 +105,7 @@ def _kv_rows(owner) -> list[torch.Tensor]:
 
 
 def _changed(old: list[torch.Tensor], new: list[torch.Tensor]) -> set[int]:
-    rows = set()
-    for a, b in zip(old, new):
-        rows |= set(torch.nonzero((a != b).reshape(a.shape[0], -1).any(dim=1)).flatten().tolist())
-    return rows
+    return {row for a, b in zip(old, new) for row in rows_apart(a, b)}
 
 
 def _slot_breaches(owner, event):
@@ -173,14 +169,15 @@ def stage(lab: Divergence) -> Diagnosis:
 
 def _run_repaired(lab: Divergence, run: str, subset) -> tuple:
     """The forward's real outputs in `run` (as bytes, for an exact comparison) with `subset` set inert first."""
-    engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
+    engine, event = lab.side(run)
     owner = engine.owner(event.owner)
-    lab.restore(run)
-    for name, _, region, _ in subset:
-        for tensor in {t.data_ptr(): t for t in (getattr(event.meta, name, None), owner.buffers[name])
-                       if t is not None}.values():
-            tensor[region] = owner.buffers.spec(name).inert_value(event.dispatch.num_tokens)
-    out = lab.rerun(run)
+
+    def set_inert():
+        for name, _, region, _ in subset:
+            for tensor in {t.data_ptr(): t for t in (getattr(event.meta, name, None), owner.buffers[name])
+                           if t is not None}.values():
+                tensor[region] = owner.buffers.spec(name).inert_value(event.dispatch.num_tokens)
+    out = lab.run(set_inert, side=run)
     return tuple((k, v.cpu().numpy().tobytes()) for k, v in sorted(out.items()))
 
 
@@ -189,11 +186,12 @@ def free_inputs_that_matter(lab: Divergence) -> list[str]:
     owner = lab.ref.owner(lab.ev_r.owner)
     names = [n for n in owner.buffers.names() if owner.buffers.spec(n).padding == FREE]
     matter = []
+    d = lab.ev_r.dispatch
     for name in names:
-        lab.restore("ref")
-        spec, d = owner.buffers.spec(name), lab.ev_r.dispatch     # `poison_padding` of this one buffer
-        fill_like_live(owner.buffers[name], spec.used(d.num_tokens, d.num_reqs), spec.padded(d), "A", 1)
-        if agree_any("padding: a free input matters", max_diff(lab.out_r, lab.rerun("ref"))[0] != 0):
+        spec = owner.buffers.spec(name)     # `poison_padding` of this one buffer
+        poisoned = lab.run(lambda: fill_like_live(owner.buffers[name], spec.used(d.num_tokens, d.num_reqs),
+                                                  spec.padded(d), "A", 1), side="ref")
+        if agree_any("padding: a free input matters", max_diff(lab.out_r, poisoned)[0] != 0):
             matter.append(name)
     lab.restore("ref")
     return matter

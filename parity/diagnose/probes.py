@@ -28,7 +28,7 @@ def probe_layers(lab: Divergence) -> list[str]:
 
 
 def _layer_outputs(lab: Divergence, run: str) -> list[torch.Tensor]:
-    engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
+    engine, event = lab.side(run)
     outputs: list[torch.Tensor] = []
     layers = engine.owner(event.owner).decoder_layers()
 

@@ -22,7 +22,6 @@ import dataclasses
 import torch
 
 from parity.audit.trace import touched
-from parity.diagnose.state import registry_of
 from parity.graphs.manifest import object_tensors, role_name
 
 
@@ -72,7 +71,7 @@ def storage_roles(engine, event) -> dict[int, list[tuple[str, str]]]:
     def add(tensor, role, holder):
         found.setdefault(tensor.untyped_storage().data_ptr(), []).append((role, holder))
 
-    registry = registry_of(engine, event.owner)
+    registry = engine.owner(event.owner).buffers
     for name, tensor in registry.items():
         add(tensor, name, "registry")
     fields = [(f.name, getattr(event.meta, f.name)) for f in dataclasses.fields(event.meta)]

@@ -10,63 +10,36 @@ the graph read a tensor only the capture-time metadata held and the live one
 holds the persistent buffer, all such reads as one variable, else
 BUFFER_REASSIGNED; an owner attribute rebound since capture, named by its
 attribute path); a refresh with the reference's values (STALE_BUFFER); the
-padded entries set inert (PADDING_LEAK). Under TP the variables are every
-rank's (`ranks.candidates`).
+padded entries set inert (PADDING_LEAK). The audit's `repairs.units` makes
+them variables (under TP, every rank's).
 """
 
 from __future__ import annotations
 
 import torch
 
-from parity.audit.repairs import Repair, Unit
+from parity.audit.repairs import Repair, Unit, units
 from parity.diagnosis.kinds import BUFFER_REASSIGNED, CAPTURE_CONTEXT, PADDING_LEAK, STALE_BUFFER
-from parity.audit import ranks
 from parity.diagnose.readset import reference_reads
-from parity.diagnose.state import registry_of
 from parity.graphs.manifest import live_object_tensor
-from parity.graphs.tp_agree import world
 
 INDEX_ORDER = ("token", "row", "row+1")
 
 
-def _spec(registry, name):
-    return registry.spec(name) if name in registry else None
-
-
 def repairs(lab) -> list[Unit]:
-    """The variables of the audit's `repairs.stage` at this forward: every repair of a role the reference reads."""
-    return agreed_units(candidates(lab, set(reference_reads(lab))))
-
-
-def agreed_units(repairs: list[Repair]) -> list[Unit]:
-    """The experiments' variables: each repair alone, but the capture context and the KV cache each as one.
-    Under TP, every rank's (`ranks.candidates`): a variable another rank found is a no-op here."""
-    keyed: dict[str, list[Repair]] = {}
-    together = {"capture context": [r for r in repairs if r.kind == CAPTURE_CONTEXT],
-                "kv_cache": [r for r in repairs if r.name == "kv_cache"]}
-    for r in repairs:
-        if r.kind != CAPTURE_CONTEXT and r.name != "kv_cache":
-            key = f"{r.kind} {r.name} ({r.holder})"
-            n = sum(k.split(" #")[0] == key for k in keyed)   # one role, two holders' tensors: two variables
-            keyed[f"{key} #{n}" if n else key] = [r]
-    keyed.update({key: unit for key, unit in together.items() if unit})
-    if world() == 1:
-        return [Unit(unit, unit) for unit in keyed.values()]
-    found = ranks.candidates("experiments: repairs", keyed, lambda unit: [_account(r) for r in unit])
-    return [Unit(c.local or [], [Repair(**{**a, "note": a["note"] + ranks.where(c, world())}) for a in c.described])
-            for c in found]
-
-
-def _account(r: Repair) -> dict:
-    return {"kind": r.kind, "name": r.name, "holder": r.holder, "experiment": r.experiment, "tensor": None,
-            "region": None, "value": None, "captured": r.captured, "live": r.live, "note": r.note}
+    """The variables of the audit's `repairs.stage` at this forward: every repair of a role the reference reads,
+    each alone but the capture context's and the KV cache's each as one (`repairs.units`)."""
+    found = candidates(lab, set(reference_reads(lab)))
+    for r in found:
+        r.variable = "capture context" if r.kind == CAPTURE_CONTEXT else "kv_cache" if r.name == "kv_cache" else ""
+    return units(found)
 
 
 def candidates(lab, read_by_reference: set[str]) -> list[Repair]:
     """Every repair the addresses and values at this forward suggest, most specific kind per role."""
     ref, graph, ev_r, ev_g, snaps, entry = lab.ref, lab.graph, lab.ev_r, lab.ev_g, lab.snaps, lab.entry
-    registry = registry_of(graph, ev_g.owner)
-    ref_registry = registry_of(ref, ev_r.owner)
+    registry = graph.owner(ev_g.owner).buffers
+    ref_registry = ref.owner(ev_r.owner).buffers
     graph_state, ref_state = snaps["graph"]["tensors"], snaps["ref"]["tensors"]
 
     def reference_value(name):
@@ -92,7 +65,7 @@ def candidates(lab, read_by_reference: set[str]) -> list[Repair]:
                                     "the KV cache's tensors were replaced; the graph reads and writes the old ones",
                                     live))
             continue
-        if e.name not in read_by_reference or _spec(registry, e.name) is None:
+        if e.name not in read_by_reference or e.name not in registry:
             continue
         region = registry.spec(e.name).used(d.num_tokens, d.num_reqs)
         before = graph_state.before(e.tensor)

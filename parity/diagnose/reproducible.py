@@ -37,6 +37,7 @@ from parity.diagnosis.record import Diagnosis
 from parity.diagnose.lab import Divergence
 from parity.diagnose.padding import padded_writes, slot_list
 from parity.diagnose.state import max_diff
+from parity.audit.state import rows_apart
 from parity.graphs.tp_agree import merged_lines
 
 RERUNS = 2
@@ -45,18 +46,16 @@ RERUNS = 2
 def unstable(lab: Divergence, run: str) -> tuple[float, set[int]]:
     """Re-runs of the forward of `run` ("ref" or "graph") from its pre-state against what it produced: the
     largest difference (0.0: reproducible) and the first-layer KV rows that moved."""
-    engine, event = (lab.ref, lab.ev_r) if run == "ref" else (lab.graph, lab.ev_g)
+    engine, event = lab.side(run)
     expected = lab.out_r if run == "ref" else lab.out_g
     layers = len(engine.owner(event.owner).kv_cache.keys)
     first_layer = ("kv0", f"kv{layers}")
     worst, raced = 0.0, set()
     for _ in range(RERUNS):
-        lab.restore(run)
-        again = lab.rerun(run)
+        again = lab.run(side=run)
         worst = max(worst, max_diff(expected, again)[0])
         for name in first_layer:
-            moved = (expected[name] != again[name]).reshape(expected[name].shape[0], -1).any(dim=1)
-            raced |= set(moved.nonzero().flatten().tolist())
+            raced |= set(rows_apart(expected[name], again[name]))
     lab.restore(run)
     return worst, raced
 

@@ -18,18 +18,6 @@ from parity.graphs.tp_agree import peer_memory
 METADATA_FIELDS = ("query_start_loc", "seq_lens", "slot_mapping", "block_table", "positions", "window_start")
 
 
-def executor_of(engine, owner: str):
-    return engine.owner(owner).executor
-
-
-def registry_of(engine, owner: str):
-    return engine.owner(owner).buffers
-
-
-def forward_fn(engine, owner: str, phase: str):
-    return engine.owner(owner).forward(phase).fn
-
-
 def state_tensors(engine) -> list[torch.Tensor]:
     """Every tensor a forward may read or write: every owner's registry and KV cache, and every tensor its
     captured graphs read that the registry no longer holds (a buffer rebound after capture: the graph keeps
@@ -67,12 +55,6 @@ def restore(snap: dict) -> None:
     snap["tensors"].restore()
     for owner, values in snap["host"].values():
         host_state.restore(values, owner)
-
-
-def host_moves(snap: dict, owner: str) -> dict:
-    """{path: (in the snapshot, now)} for the host values of `owner` that moved since `snap` was taken."""
-    holder, values = snap["host"][owner]
-    return host_state.moved(values, holder)
 
 
 def outputs(engine, event, returned=None) -> dict[str, torch.Tensor]:
