@@ -1,0 +1,62 @@
+"""Red team (issue 28): padded tokens given slot 0 instead of the PAD slot -1, on examples/vllm_shaped (FULL).
+
+Slot 0 is the first KV slot of request 0, so a padded token overwrites request 0's first key and value, in
+eager at the same padded shape too: the run parts from a correct engine while the graph equals its padded
+eager run. Truth (docs/bugs.md): PADDING_LEAK naming slot_mapping. Today the audit reports nothing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from examples.vllm_shaped import CUDAGraphMode, ModelRunner, audit_glue
+from examples.vllm_shaped.runner import MetadataBuilder
+from parity.audit import auto_audit
+
+
+class PadSlotZero(MetadataBuilder):
+    def build(self, seq_lens, query_lens, blocks, num_reqs_padded, capture=False):
+        meta = super().build(seq_lens, query_lens, blocks, num_reqs_padded, capture)
+        if not capture:                                          # BUG: padded slots 0, not -1
+            num_tokens = sum(query_lens)
+            self.buffers.slot_mapping[num_tokens:max(num_tokens, num_reqs_padded)] = 0
+        return meta
+
+
+class Runner(ModelRunner):
+    def _allocate(self):
+        super()._allocate()
+        self.builder = PadSlotZero(self.buffers, self.config, self.bugs)
+
+
+def workload():
+    rnd = random.Random(0)
+    return [[rnd.randrange(64) for _ in range(rnd.randint(3, 8))] for _ in range(3)], [9, 6, 3]
+
+
+@pytest.fixture(scope="module")
+def outcome():
+    prompts, max_new = workload()
+    correct = ModelRunner(CUDAGraphMode.NONE).capture().generate(prompts, max_new)
+    with auto_audit() as session:
+        runner = Runner(CUDAGraphMode.FULL)
+        audit_glue.audit(runner, every=1, on_mismatch="record")
+        graphed = runner.capture().generate(prompts, max_new)
+    return correct, session, graphed
+
+
+def test_the_padding_changes_real_outputs(outcome):
+    correct, _, graphed = outcome
+    assert not all(torch.equal(a, b) for a, b in zip(correct[1], graphed[1]))
+
+
+@pytest.mark.xfail(strict=True, reason="redteam: padded slots 0 write request 0's KV: the audit reports nothing "
+                                       "(expected PADDING_LEAK slot_mapping)")
+def test_the_padded_slot_is_named(outcome):
+    _, session, _ = outcome
+    assert session.errors, "nothing found"
+    assert {e.kind for e in session.errors} == {"PADDING_LEAK"}, [e.kind for e in session.errors]
+    assert all(any("slot_mapping" in b for b in e.buffers) for e in session.errors), [e.buffers for e in session.errors]

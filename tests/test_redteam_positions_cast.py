@@ -1,0 +1,60 @@
+"""Red team (issue 28): a per-step int32 cast of the positions handed to a FULL graph, on examples/vllm_shaped.
+
+The runner passes `b.positions[:n].to(torch.int32)`: a fresh tensor every step. The FULL graph replays on the
+cast it was captured with (capture-time positions), so every replay reads stale positions and the run parts
+from eager. Truth (issue 28 item 2, docs/bugs.md): a tensor built afresh by a cast and handed to a kernel is
+BUFFER_REASSIGNED naming its path (args[1]). Today the audit reports nothing: the wrapper replays without
+the live arguments, so the shadow run reads the captured ones too.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from examples.vllm_shaped import CUDAGraphMode, ModelRunner, audit_glue
+from examples.vllm_shaped.forward_context import BatchDescriptor, set_forward_context
+from parity.audit import auto_audit
+
+
+class PositionsCast(ModelRunner):
+    def _run(self, input_ids, positions, meta, mode, num_tokens):
+        b = self.buffers
+        b.input_ids[:num_tokens] = torch.tensor(input_ids + [0] * (num_tokens - len(input_ids)))
+        b.positions[:num_tokens] = torch.tensor(positions + [0] * (num_tokens - len(positions)))
+        layers = {layer.attn.name: meta for layer in self.model.layers}
+        descriptor = BatchDescriptor(num_tokens, uniform=True) if mode != CUDAGraphMode.NONE else None
+        with set_forward_context(layers, descriptor, mode):      # BUG: a fresh int32 cast every step
+            return self.forward(b.input_ids[:num_tokens], b.positions[:num_tokens].to(torch.int32))
+
+
+def workload():
+    rnd = random.Random(0)
+    return [[rnd.randrange(64) for _ in range(rnd.randint(3, 8))] for _ in range(3)], [9, 6, 3]
+
+
+@pytest.fixture(scope="module")
+def outcome():
+    prompts, max_new = workload()
+    eager = PositionsCast(CUDAGraphMode.NONE).capture().generate(prompts, max_new)
+    with auto_audit() as session:
+        runner = PositionsCast(CUDAGraphMode.FULL)
+        audit_glue.audit(runner, every=1, on_mismatch="record")
+        graphed = runner.capture().generate(prompts, max_new)
+    return eager, session, graphed
+
+
+def test_the_cast_parts_from_eager(outcome):
+    eager, _, graphed = outcome
+    assert not all(torch.equal(a, b) for a, b in zip(eager[1], graphed[1]))
+
+
+@pytest.mark.xfail(strict=True, reason="redteam: positions cast afresh each step and captured as a temporary: the "
+                                       "audit reports nothing (expected BUFFER_REASSIGNED args[1])")
+def test_the_cast_is_named_buffer_reassigned(outcome):
+    _, session, _ = outcome
+    assert session.errors, "nothing found"
+    assert {e.kind for e in session.errors} == {"BUFFER_REASSIGNED"}, [e.kind for e in session.errors]
+    assert all("args[1]" in e.buffers for e in session.errors), [e.buffers for e in session.errors]
