@@ -73,6 +73,23 @@ def test_the_diff_names_what_the_forward_moved_once_each_and_restore_puts_it_bac
     assert [name(p) for p in moved(before, owner)] == ["enabled"]
 
 
+def test_a_value_the_forward_made_is_a_move_from_absent_and_restore_takes_it_away():
+    """A counter started lazily (`getattr(self, "steps", 0) + 1`) is not in the snapshot before the forward's first
+    call: the diff reports it moved from absent, and restore deletes it, so a re-run starts where the first did
+    (the red team's RNG offset, tests/test_redteam_rng_offset.py, was UNEXPLAINED before)."""
+    from parity.graphs.roles import MISSING
+    owner = HandMadeOwner()
+    before = host_values(owner)
+    owner.steps = getattr(owner, "steps", 0) + 1
+    owner.sampler.fresh = 7
+    owner.made = SimpleNamespace(count=3)     # a new object: its fields are not values an existing object held
+    moves = {name(p): v for p, v in moved(before, owner).items()}
+    assert moves == {"steps": (MISSING, 1), "sampler.fresh": (MISSING, 7)}
+    restore(before, owner)
+    assert not hasattr(owner, "steps") and not hasattr(owner.sampler, "fresh")
+    assert moved(before, owner) == {}
+
+
 class ScheduledTarget(TargetRunner):
     """The target keeps a schedule step on a helper object and advances it inside its verify forward; the logits
     carry a step-dependent bias (a stand-in for any step-keyed schedule read by the forward)."""

@@ -49,11 +49,20 @@ def moved(before: dict, holder) -> dict[Path, tuple]:
     return moved_in(before, {OBJECT_ROOT: holder})
 
 
+def added_in(before: dict, roots: dict) -> dict[Path, object]:
+    """{path: now} for each host value held among `roots` now at a path `before` lacks, on an object that held
+    host values then: an attribute made since (a counter started lazily, `getattr(self, "calls", 0) + 1`)."""
+    holders = {Path(path.root, path.steps[:-1]) for path in before}
+    return {path: value for path, value in values_of(roots).items()
+            if path not in before and Path(path.root, path.steps[:-1]) in holders}
+
+
 def moved_in(before: dict, roots: dict) -> dict[Path, tuple]:
-    """{path: (before, now)} for each host value of `before` now held at another value among `roots` (one entry
-    per attribute: a value reached by several paths is named by the first)."""
+    """{path: (before, now)} for each host value of `before` now held at another value among `roots`, and each
+    one made since (before: MISSING) (one entry per attribute: a value reached by several paths is named by the
+    first)."""
     found, seen = {}, set()
-    for path, old in before.items():
+    for path, old in {**before, **dict.fromkeys(added_in(before, roots), MISSING)}.items():
         now = resolve(path, roots)
         if now is MISSING or same(old, now):
             continue
@@ -71,11 +80,13 @@ def restore(before: dict, holder) -> None:
 
 
 def restore_in(before: dict, roots: dict) -> None:
-    """Put back every host value of `before` now held at another value among `roots`."""
+    """Put back every host value of `before` now held at another value among `roots`; take away each made since."""
     for path, old in before.items():
         now = resolve(path, roots)
         if now is not MISSING and not same(old, now):
             assign(path, roots, old)
+    for path in added_in(before, roots):
+        assign(path, roots, MISSING)
 
 
 def put(holder, path: Path, value) -> bool:
@@ -95,5 +106,5 @@ def same(a, b) -> bool:
 
 def short(value) -> str:
     """A host value as evidence prints it: its repr, cut at 40 characters."""
-    text = repr(value)
+    text = "absent" if value is MISSING else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

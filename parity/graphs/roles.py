@@ -172,15 +172,21 @@ def chain_of(path: Path, roots: dict) -> tuple:
 
 
 def assign(path: Path, roots: dict, value) -> bool:
-    """Set the value at `path` (attributes, dict and list items); False when it cannot be set."""
+    """Set the value at `path` (attributes, dict and list items; MISSING: take it away, as it was absent); False
+    when it cannot be set."""
     if not path.steps:
         return False
     parent = resolve(Path(path.root, path.steps[:-1]), roots)
     kind, key = path.steps[-1]
     try:
         if kind == ATTR:
-            setattr(parent, key, value)
-        elif isinstance(parent, (dict, list)):
+            if value is MISSING:
+                delattr(parent, key)
+            else:
+                setattr(parent, key, value)
+        elif isinstance(parent, dict) and value is MISSING:
+            parent.pop(key, None)
+        elif isinstance(parent, (dict, list)) and value is not MISSING:
             parent[key] = value
         else:
             return False
