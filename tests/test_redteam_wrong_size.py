@@ -37,8 +37,6 @@ def test_the_wrong_size_is_a_real_graph_bug(outcome):
     assert [t.shape for t in logits] != [t.shape for t in eager_logits]     # a step's third row is missing
 
 
-@pytest.mark.xfail(strict=True, reason="redteam: a graph of a smaller size replayed for 3 live rows: the audit "
-                                       "reports nothing (expected DESCRIPTOR_MISMATCH)")
 def test_a_graph_of_another_size_is_named(outcome):
     _, session, _ = outcome
     assert session.errors, "nothing found"

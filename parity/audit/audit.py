@@ -178,7 +178,8 @@ class GraphAudit:
         roots = roots_of(record.fn, args, kwargs, self.static_inputs)
         found = rebinds(record, roots)
         self._check_versions()
-        due = self._due()
+        too_small = self._smaller_than_the_batch()
+        due = self._due() or too_small is not None
         lifetime.before_replay(self, due)
         try:
             if due:
@@ -189,7 +190,9 @@ class GraphAudit:
                 diagnoses = [d for d in (cheap_reassigned(self, found),) if d is not None]
         finally:
             lifetime.after_replay(self)
-        for diagnosis in diagnoses:
+        # NOTE: a graph that equals its callable at its own shape and still cannot hold the batch was looked up for
+        # another size; one that differs from it is told by its own experiments (an output sliced by a frozen count).
+        for diagnosis in diagnoses or ([too_small] if too_small else []):
             self._report(diagnosis)
         return self.outputs
 
@@ -213,6 +216,23 @@ class GraphAudit:
         return tree_unflatten(leaves, self._spec)
 
     # --- reporting ---------------------------------------------------------------------
+
+    def _smaller_than_the_batch(self) -> dict | None:
+        """DESCRIPTOR_MISMATCH when the batch holds more real rows (`num_valid`) than the graph was captured for
+        (its outputs' batch size): the rows past its capture are never computed; the replay is shadow-checked, and
+        this stands only when the graph equals its callable at its own shape."""
+        num_valid = self.num_valid_now()
+        # NOTE: the largest leading dimension of its outputs (or the declared padded_rows): a graph may also return
+        # a short tensor first (a count, a flag).
+        rows = [int(t.shape[0]) for t in self.record.outputs if t.dim()]
+        padded = self._padded_rows if self._padded_rows is not None else max(rows, default=None)
+        if num_valid is None or padded is None or num_valid <= padded:
+            return None
+        return self._diagnosis("DESCRIPTOR_MISMATCH", ["descriptor"], evidence=[
+            f"replay {self.replays}: the batch holds {num_valid} real rows (num_valid) and the graph was captured "
+            f"for {padded}: the rows past {padded} are not computed; the engine looked up a graph of another "
+            "size than the batch it built", "the graph equals its callable run eagerly at its own shape on the same "
+            "live inputs (shadow check)"], experiment="compare num_valid with the graph's captured batch size")
 
     @property
     def padded_rows(self) -> int | None:
