@@ -9,13 +9,10 @@ replay, then CAPTURE_CONTEXT with no buffer.
 
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
 
-from examples.vllm_shaped import CUDAGraphMode, ModelRunner, audit_glue
-from parity.audit import auto_audit
+from examples.vllm_shaped import CUDAGraphMode, ModelRunner
+from tests.redteam_vllm import audited, parts
 
 
 class AllWeak(ModelRunner):
@@ -25,25 +22,14 @@ class AllWeak(ModelRunner):
             wrapper.weak_ref_output = True
 
 
-def workload():
-    rnd = random.Random(0)
-    return [[rnd.randrange(64) for _ in range(rnd.randint(3, 8))] for _ in range(3)], [9, 6, 3]
-
-
 @pytest.fixture(scope="module")
 def outcome():
-    prompts, max_new = workload()
-    eager = ModelRunner(CUDAGraphMode.NONE).capture().generate(prompts, max_new)
-    with auto_audit() as session:
-        runner = AllWeak(CUDAGraphMode.PIECEWISE)
-        audit_glue.audit(runner, every=1, on_mismatch="record")
-        graphed = runner.capture().generate(prompts, max_new)
-    return eager, session, graphed
+    return audited(AllWeak, CUDAGraphMode.PIECEWISE)
 
 
 def test_weak_pieces_part_from_eager(outcome):
     eager, _, graphed = outcome
-    assert not all(torch.equal(a, b) for a, b in zip(eager[1], graphed[1]))
+    assert parts(eager, graphed)
 
 
 @pytest.mark.xfail(strict=True, reason="redteam: weakly held piece outputs overwritten by the next piece: "

@@ -7,13 +7,11 @@ OUTPUT_ALIASED naming the forward's output. Today the audit reports nothing.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from examples.vllm_shaped import CUDAGraphMode, ModelRunner, audit_glue
-from parity.audit import auto_audit
+from examples.vllm_shaped import CUDAGraphMode, ModelRunner
+from tests.redteam_vllm import audited
 
 
 class KeptLogits(ModelRunner):
@@ -25,21 +23,11 @@ class KeptLogits(ModelRunner):
         return self._run([r.out[-1] for r in reqs], [r.seq_len - 1 for r in reqs], meta, self.mode, bs)[:n]  # BUG
 
 
-def workload():
-    rnd = random.Random(0)
-    return [[rnd.randrange(64) for _ in range(rnd.randint(3, 8))] for _ in range(3)], [9, 6, 3]
-
-
 @pytest.fixture(scope="module")
 def outcome():
-    prompts, max_new = workload()
-    eager = KeptLogits(CUDAGraphMode.NONE).capture().generate(prompts, max_new)
-    with auto_audit() as session:
-        runner = KeptLogits(CUDAGraphMode.FULL)
-        audit_glue.audit(runner, every=1, on_mismatch="record")
-        _, logits = runner.capture().generate(prompts, max_new)
-        kept = torch.cat([step.clone() for step in logits])      # the program reads every kept step now
-    return eager, session, kept
+    # the program reads every kept step at the end, inside the audit
+    return audited(KeptLogits, CUDAGraphMode.FULL, reference_class=KeptLogits,
+                   read=lambda run: torch.cat([step.clone() for step in run[1]]))
 
 
 def test_kept_logits_part_from_eager(outcome):

@@ -7,14 +7,11 @@ eager run. Truth (docs/bugs.md): PADDING_LEAK naming slot_mapping. Today the aud
 
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
 
-from examples.vllm_shaped import CUDAGraphMode, ModelRunner, audit_glue
+from examples.vllm_shaped import CUDAGraphMode, ModelRunner
 from examples.vllm_shaped.runner import MetadataBuilder
-from parity.audit import auto_audit
+from tests.redteam_vllm import audited, parts
 
 
 class PadSlotZero(MetadataBuilder):
@@ -32,25 +29,14 @@ class Runner(ModelRunner):
         self.builder = PadSlotZero(self.buffers, self.config, self.bugs)
 
 
-def workload():
-    rnd = random.Random(0)
-    return [[rnd.randrange(64) for _ in range(rnd.randint(3, 8))] for _ in range(3)], [9, 6, 3]
-
-
 @pytest.fixture(scope="module")
 def outcome():
-    prompts, max_new = workload()
-    correct = ModelRunner(CUDAGraphMode.NONE).capture().generate(prompts, max_new)
-    with auto_audit() as session:
-        runner = Runner(CUDAGraphMode.FULL)
-        audit_glue.audit(runner, every=1, on_mismatch="record")
-        graphed = runner.capture().generate(prompts, max_new)
-    return correct, session, graphed
+    return audited(Runner, CUDAGraphMode.FULL)
 
 
 def test_the_padding_changes_real_outputs(outcome):
     correct, _, graphed = outcome
-    assert not all(torch.equal(a, b) for a, b in zip(correct[1], graphed[1]))
+    assert parts(correct, graphed)
 
 
 @pytest.mark.xfail(strict=True, reason="redteam: padded slots 0 write request 0's KV: the audit reports nothing "

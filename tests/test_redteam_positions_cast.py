@@ -9,14 +9,12 @@ the live arguments, so the shadow run reads the captured ones too.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from examples.vllm_shaped import CUDAGraphMode, ModelRunner, audit_glue
+from examples.vllm_shaped import CUDAGraphMode, ModelRunner
 from examples.vllm_shaped.forward_context import BatchDescriptor, set_forward_context
-from parity.audit import auto_audit
+from tests.redteam_vllm import audited, parts
 
 
 class PositionsCast(ModelRunner):
@@ -30,25 +28,14 @@ class PositionsCast(ModelRunner):
             return self.forward(b.input_ids[:num_tokens], b.positions[:num_tokens].to(torch.int32))
 
 
-def workload():
-    rnd = random.Random(0)
-    return [[rnd.randrange(64) for _ in range(rnd.randint(3, 8))] for _ in range(3)], [9, 6, 3]
-
-
 @pytest.fixture(scope="module")
 def outcome():
-    prompts, max_new = workload()
-    eager = PositionsCast(CUDAGraphMode.NONE).capture().generate(prompts, max_new)
-    with auto_audit() as session:
-        runner = PositionsCast(CUDAGraphMode.FULL)
-        audit_glue.audit(runner, every=1, on_mismatch="record")
-        graphed = runner.capture().generate(prompts, max_new)
-    return eager, session, graphed
+    return audited(PositionsCast, CUDAGraphMode.FULL, reference_class=PositionsCast)
 
 
 def test_the_cast_parts_from_eager(outcome):
     eager, _, graphed = outcome
-    assert not all(torch.equal(a, b) for a, b in zip(eager[1], graphed[1]))
+    assert parts(eager, graphed)
 
 
 @pytest.mark.xfail(strict=True, reason="redteam: positions cast afresh each step and captured as a temporary: the "

@@ -9,7 +9,6 @@ nothing (the graph equals its own callable at its own shape; the lookup is never
 from __future__ import annotations
 
 import pytest
-import torch
 
 from examples.gpt_fast import Engine, audited_generate
 
