@@ -3,8 +3,8 @@
 The runner passes `b.positions[:n].to(torch.int32)`: a fresh tensor every step. The FULL graph replays on the
 cast it was captured with (capture-time positions), so every replay reads stale positions and the run parts
 from eager. Truth (issue 28 item 2, docs/bugs.md): a tensor built afresh by a cast and handed to a kernel is
-BUFFER_REASSIGNED naming its path (args[1]). Today the audit reports nothing: the wrapper replays without
-the live arguments, so the shadow run reads the captured ones too.
+BUFFER_REASSIGNED naming its path (args[1]). The wrapper replays without the live arguments; the audit
+finds them in the wrapper's call (`KeyedAudit.wrapper_arguments`); before that it reported nothing.
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ def test_the_cast_parts_from_eager(outcome):
     assert parts(eager, graphed)
 
 
-@pytest.mark.xfail(strict=True, reason="redteam: positions cast afresh each step and captured as a temporary: the "
-                                       "audit reports nothing (expected BUFFER_REASSIGNED args[1])")
 def test_the_cast_is_named_buffer_reassigned(outcome):
     _, session, _ = outcome
     assert session.errors, "nothing found"

@@ -16,6 +16,7 @@ The vLLM `CUDAGraphWrapper` recipe is in docs/audit.md.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
@@ -134,8 +135,23 @@ class KeyedAudit:
         if audit is None:
             name = self.name(key) if callable(self.name) else f"{self.name}[{key}]"
             audit = self.audits[key] = GraphAudit(self.runnable, name=name, **self.options)
+            audit.live_arguments = self.wrapper_arguments
         result = audit(*args, **kwargs)
         if audit.record is not None and audit.graph is None:
             raise RuntimeError(f"{audit.name}: captured in a CUDA graph the audit cannot see; capture inside "
                                "parity.audit.auto_audit() (or pytest --parity-audit) to bind it")
         return result
+
+    def wrapper_arguments(self) -> tuple[tuple, dict] | None:
+        """The arguments of the wrapper call that is replaying now: the frame of the object whose `runnable` is
+        this one (vLLM's `CUDAGraphWrapper.__call__(self, *args, **kwargs)`); None outside such a call. The
+        wrapper replays without handing them to the graph, so only this shows what the caller passed (a fresh
+        tensor where the capture's argument was: BUFFER_REASSIGNED)."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            caller = frame.f_locals.get("self")
+            if caller is not None and getattr(caller, "runnable", None) is self:
+                args, kwargs = frame.f_locals.get("args"), frame.f_locals.get("kwargs")
+                return (tuple(args), dict(kwargs or {})) if isinstance(args, tuple) else None
+            frame = frame.f_back
+        return None

@@ -78,6 +78,7 @@ class GraphAudit:
         self.padding = o["padding"]
         self.not_refreshed_after = o["not_refreshed_after"]
         self._padded_rows = o["padded_rows"]
+        self.live_arguments = None      # a zero-argument callable: (args, kwargs) the engine replays for (KeyedAudit)
         self._graph_ref = None
         self.record: CaptureRecord | None = None
         self.backend = None
@@ -166,7 +167,7 @@ class GraphAudit:
             raise RuntimeError(f"{self.name}: replay() before a capture bound to a graph")
         record = self.record
         if not args and not kwargs:
-            args, kwargs = record.args, record.kwargs
+            args, kwargs = self._live_or_captured_arguments()
         self.replays += 1
         record.settle()
         if self.replays == 1 and getattr(self, "locate", False):
@@ -195,6 +196,19 @@ class GraphAudit:
         for diagnosis in diagnoses or ([too_small] if too_small else []):
             self._report(diagnosis)
         return self.outputs
+
+    def _live_or_captured_arguments(self) -> tuple[tuple, dict]:
+        """What the replay stands for: the arguments the engine's wrapper was called with (`live_arguments`, a
+        `KeyedAudit`'s) where they have the captured structure, tensor shapes and dtypes; else the captured ones."""
+        record, live = self.record, self.live_arguments() if self.live_arguments is not None else None
+        if live is None:
+            return record.args, record.kwargs
+        flat_live, spec_live = tree_flatten(live)
+        flat_captured, spec_captured = tree_flatten((record.args, record.kwargs))
+        alike = spec_live == spec_captured and all(
+            (a.shape, a.dtype) == (b.shape, b.dtype) if isinstance(b, torch.Tensor) else not isinstance(a, torch.Tensor)
+            for a, b in zip(flat_live, flat_captured))
+        return live if alike else (record.args, record.kwargs)
 
     def _due(self) -> bool:
         """A shadow check now: every `every`-th replay, and the first replay with padded rows (padding check)."""
