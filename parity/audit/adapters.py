@@ -26,6 +26,11 @@ from parity.audit.capture import capturing, paused_gc
 from parity.audit.trace import WriteLog
 
 
+# The wrapper's call is a few frames above the audit's replay (wrapper -> graph.replay -> the audit): looked for
+# no further, so a replay pays for a few frames' locals at most.
+WRAPPER_DEPTH = 16
+
+
 def _name_of(fn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
@@ -148,7 +153,9 @@ class KeyedAudit:
         wrapper replays without handing them to the graph, so only this shows what the caller passed (a fresh
         tensor where the capture's argument was: BUFFER_REASSIGNED)."""
         frame = sys._getframe(1)
-        while frame is not None:
+        for _ in range(WRAPPER_DEPTH):
+            if frame is None:
+                break
             caller = frame.f_locals.get("self")
             if caller is not None and getattr(caller, "runnable", None) is self:
                 args, kwargs = frame.f_locals.get("args"), frame.f_locals.get("kwargs")
