@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from parity.audit import lifetime, pool
+from parity.audit import lifetime, pool, replay_checks
+from parity.audit.state import bit_equal
 from parity.audit.backends import backend_for
 from parity.audit.capture import cuda_capturing, current_frame, paused_gc
 from parity.audit.cheap import not_refreshed, rebinds
@@ -78,6 +79,7 @@ class GraphAudit:
         self.padding = o["padding"]
         self.not_refreshed_after = o["not_refreshed_after"]
         self._padded_rows = o["padded_rows"]
+        self._overwritten_inputs = None   # inputs in memory the capture handed out (`pool.inputs_overwritten`)
         self.live_arguments = None      # a zero-argument callable: (args, kwargs) the engine replays for (KeyedAudit)
         self._graph_ref = None
         self.record: CaptureRecord | None = None
@@ -167,7 +169,7 @@ class GraphAudit:
             raise RuntimeError(f"{self.name}: replay() before a capture bound to a graph")
         record = self.record
         if not args and not kwargs:
-            args, kwargs = self._live_or_captured_arguments()
+            args, kwargs = replay_checks.arguments(self)
         self.replays += 1
         record.settle()
         if self.replays == 1 and getattr(self, "locate", False):
@@ -179,9 +181,12 @@ class GraphAudit:
         roots = roots_of(record.fn, args, kwargs, self.static_inputs)
         found = rebinds(record, roots)
         self._check_versions()
-        too_small = self._smaller_than_the_batch()
-        due = self._due() or too_small is not None
+        too_small = replay_checks.smaller_than_the_batch(self)
+        if self._overwritten_inputs is None:
+            self._overwritten_inputs = pool.inputs_overwritten(record)
+        due = (self._due() or too_small is not None) and not self._overwritten_inputs
         lifetime.before_replay(self, due)
+        read = [role.tensor.clone() for role in self._overwritten_inputs]
         try:
             if due:
                 diagnoses = checked_replay(self, roots, args, kwargs, found)
@@ -193,22 +198,14 @@ class GraphAudit:
             lifetime.after_replay(self)
         # NOTE: a graph that equals its callable at its own shape and still cannot hold the batch was looked up for
         # another size; one that differs from it is told by its own experiments (an output sliced by a frozen count).
+        if self._overwritten_inputs:
+            # NOTE: confirmed by the replay itself: it changed inputs it reads (no other experiment is sound here).
+            overwritten = [role.name for role, value in zip(self._overwritten_inputs, read)
+                           if not bit_equal(role.tensor, value)]
+            diagnoses = [replay_checks.inputs_overwritten(self, overwritten)] if overwritten else diagnoses
         for diagnosis in diagnoses or ([too_small] if too_small else []):
             self._report(diagnosis)
         return self.outputs
-
-    def _live_or_captured_arguments(self) -> tuple[tuple, dict]:
-        """What the replay stands for: the arguments the engine's wrapper was called with (`live_arguments`, a
-        `KeyedAudit`'s) where they have the captured structure, tensor shapes and dtypes; else the captured ones."""
-        record, live = self.record, self.live_arguments() if self.live_arguments is not None else None
-        if live is None:
-            return record.args, record.kwargs
-        flat_live, spec_live = tree_flatten(live)
-        flat_captured, spec_captured = tree_flatten((record.args, record.kwargs))
-        alike = spec_live == spec_captured and all(
-            (a.shape, a.dtype) == (b.shape, b.dtype) if isinstance(b, torch.Tensor) else not isinstance(a, torch.Tensor)
-            for a, b in zip(flat_live, flat_captured))
-        return live if alike else (record.args, record.kwargs)
 
     def _due(self) -> bool:
         """A shadow check now: every `every`-th replay, and the first replay with padded rows (padding check)."""
@@ -230,23 +227,6 @@ class GraphAudit:
         return tree_unflatten(leaves, self._spec)
 
     # --- reporting ---------------------------------------------------------------------
-
-    def _smaller_than_the_batch(self) -> dict | None:
-        """DESCRIPTOR_MISMATCH when the batch holds more real rows (`num_valid`) than the graph was captured for
-        (its outputs' batch size): the rows past its capture are never computed; the replay is shadow-checked, and
-        this stands only when the graph equals its callable at its own shape."""
-        num_valid = self.num_valid_now()
-        # NOTE: the largest leading dimension of its outputs (or the declared padded_rows): a graph may also return
-        # a short tensor first (a count, a flag).
-        rows = [int(t.shape[0]) for t in self.record.outputs if t.dim()]
-        padded = self._padded_rows if self._padded_rows is not None else max(rows, default=None)
-        if num_valid is None or padded is None or num_valid <= padded:
-            return None
-        return self._diagnosis("DESCRIPTOR_MISMATCH", ["descriptor"], evidence=[
-            f"replay {self.replays}: the batch holds {num_valid} real rows (num_valid) and the graph was captured "
-            f"for {padded}: the rows past {padded} are not computed; the engine looked up a graph of another "
-            "size than the batch it built", "the graph equals its callable run eagerly at its own shape on the same "
-            "live inputs (shadow check)"], experiment="compare num_valid with the graph's captured batch size")
 
     @property
     def padded_rows(self) -> int | None:

@@ -64,6 +64,14 @@ def _overlaps(spans, start: int, end: int) -> bool:
     return any(s < end and start < e for s, e in spans)
 
 
+def inputs_overwritten(record) -> list:
+    """The inputs (roles) whose bytes the capture handed out as its own memory: read from memory that was
+    free in the pool at capture (its producer held it only weakly), so every replay's temporaries overwrite what
+    the graph reads (a split forward whose every piece's output is held weakly)."""
+    return [role for role in record.roles
+            if role.tensor.numel() and _overlaps(record.produced, *byte_range(role.tensor))]
+
+
 def link(audit) -> None:
     """At capture: a graph reading the memory another graph's capture produced continues that graph's forward."""
     global _PRODUCED
