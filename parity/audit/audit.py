@@ -79,7 +79,7 @@ class GraphAudit:
         self.padding = o["padding"]
         self.not_refreshed_after = o["not_refreshed_after"]
         self._padded_rows = o["padded_rows"]
-        self._overwritten_inputs = None   # inputs in memory the capture handed out (`pool.inputs_overwritten`)
+        self._overwritten_inputs = []     # inputs in memory the capture handed out (`pool.inputs_overwritten`)
         self.live_arguments = None      # a zero-argument callable: (args, kwargs) the engine replays for (KeyedAudit)
         self._graph_ref = None
         self.record: CaptureRecord | None = None
@@ -126,6 +126,7 @@ class GraphAudit:
         """Take a capture of fn(*args, **kwargs) that returned `result`, traced by `tracer`; `before`: the host
         values its roots held when the call began."""
         self.record = build_record(self.fn, args, kwargs, self.static_inputs, tracer, result, self.output_names)
+        self._overwritten_inputs = pool.inputs_overwritten(self.record)
         # NOTE: the graph baked the host values the callable read, before it advanced any itself.
         roots = roots_of(self.fn, args, kwargs, self.static_inputs)
         for path, (old, _) in moved_in(before or {}, roots).items():
@@ -182,8 +183,6 @@ class GraphAudit:
         found = rebinds(record, roots)
         self._check_versions()
         too_small = replay_checks.smaller_than_the_batch(self)
-        if self._overwritten_inputs is None:
-            self._overwritten_inputs = pool.inputs_overwritten(record)
         due = (self._due() or too_small is not None) and not self._overwritten_inputs
         lifetime.before_replay(self, due)
         read = [role.tensor.clone() for role in self._overwritten_inputs]
@@ -196,13 +195,13 @@ class GraphAudit:
                 diagnoses = [d for d in (cheap_reassigned(self, found),) if d is not None]
         finally:
             lifetime.after_replay(self)
+        # NOTE: confirmed by the replay itself: it changed inputs it reads (no other experiment is sound here).
+        overwritten = [role.name for role, value in zip(self._overwritten_inputs, read)
+                       if not bit_equal(role.tensor, value)]
+        if overwritten:
+            diagnoses = [replay_checks.inputs_overwritten(self, overwritten)]
         # NOTE: a graph that equals its callable at its own shape and still cannot hold the batch was looked up for
         # another size; one that differs from it is told by its own experiments (an output sliced by a frozen count).
-        if self._overwritten_inputs:
-            # NOTE: confirmed by the replay itself: it changed inputs it reads (no other experiment is sound here).
-            overwritten = [role.name for role, value in zip(self._overwritten_inputs, read)
-                           if not bit_equal(role.tensor, value)]
-            diagnoses = [replay_checks.inputs_overwritten(self, overwritten)] if overwritten else diagnoses
         for diagnosis in diagnoses or ([too_small] if too_small else []):
             self._report(diagnosis)
         return self.outputs
