@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from parity.models.direct_op import DirectOp
+from parity.models.fused_ops import HAS_TRITON
+
 # Bytes the per-chunk working set of one attention call may take (K or V as
 # gathered, their fp32 staging, scores, masks). The chunk length follows from
 # it, so transient memory does not grow with max_model_len. Tests lower it to
@@ -103,14 +106,17 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
     (q_r = 0) get no tiles; padded tokens (past query_start_loc[num_reqs]) get
     no slot, so their output stays 0.
     """
+    return _tile_map(meta.query_start_loc, plan.num_tokens, plan.tile_len, plan.num_tiles)
+
+
+def _tile_map(query_start_loc: torch.Tensor, num_tokens: int, tile_len: int, num_tiles: int) -> TileMap:
     # NOTE: good metadata has 0 = qsl[0] <= qsl[1] <= ... <= T; a stale
     # query_start_loc (a fault under test) need not. Forcing that shape, a no-op
     # on good metadata, keeps the rows' token ranges disjoint and inside the
     # batch, so no token is written twice (which a GPU would do in any order).
-    qsl = prefix(meta.query_start_loc, "max").clamp_(max=plan.num_tokens)
+    qsl = prefix(query_start_loc, "max").clamp_(max=num_tokens)
     starts, ends = qsl[:-1], qsl[1:]
-    tile_len = plan.tile_len
-    slots = torch.arange(plan.num_slots, device=qsl.device)
+    slots = torch.arange(num_tiles * tile_len, device=qsl.device)
     # Searching the rows' ends but the last puts every slot in a row: slots past
     # every span land in the last row, past its end, so they are idle.
     if tile_len == 1:
@@ -129,9 +135,38 @@ def tile_map(meta, plan: TilePlan) -> TileMap:
         token = slots + shift[row]
     idle = token >= ends[row]
     # Real tokens lie in [0, T); idle slots may point past the end.
-    token = token.clamp_(max=plan.num_tokens - 1)
-    shape = (plan.num_tiles, tile_len)
+    token = token.clamp_(max=num_tokens - 1)
+    shape = (num_tiles, tile_len)
     return TileMap(token.view(shape), idle.view(shape), row.view(shape)[:, 0])
+
+
+def _torch_tile_layout(query_start_loc: torch.Tensor, block_table: torch.Tensor, num_tokens: int, tile_len: int,
+                       num_tiles: int, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    tiles = _tile_map(query_start_loc, num_tokens, tile_len, num_tiles)
+    target = tiles.token.masked_fill(tiles.idle, num_tokens).flatten()
+    blocks = block_table[:, :num_blocks].index_select(0, tiles.tile_row)
+    return tiles.token.flatten(), target, tiles.tile_row.contiguous(), blocks
+
+
+def _tile_layout(query_start_loc: torch.Tensor, block_table: torch.Tensor, num_tokens: int, tile_len: int,
+                 num_tiles: int, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the tokens sit in the tiles: (the token each slot gathers [slots], each slot's output row [slots]:
+    its token, or T (dropped) when idle, each tile's request row [tiles], the KV blocks each tile gathers
+    [tiles, num_blocks])."""
+    return _torch_tile_layout(query_start_loc, block_table, num_tokens, tile_len, num_tiles, num_blocks)
+
+
+# One op (on CUDA one kernel, `triton_layout`) where tile_map and the blocks' gather are a dozen or more.
+tile_layout = DirectOp("parity::tile_layout", _tile_layout)
+
+if HAS_TRITON:
+    @tile_layout.register_kernel("cuda")
+    def _(query_start_loc, block_table, num_tokens, tile_len, num_tiles, num_blocks):
+        if not (query_start_loc.shape[0] > 1 and query_start_loc.is_contiguous() and block_table.stride(1) == 1
+                and {query_start_loc.dtype, block_table.dtype} <= {torch.int32, torch.int64}):
+            return _torch_tile_layout(query_start_loc, block_table, num_tokens, tile_len, num_tiles, num_blocks)
+        from parity.models import triton_layout
+        return triton_layout.tile_layout(query_start_loc, block_table, num_tokens, tile_len, num_tiles, num_blocks)
 
 
 @dataclass
@@ -146,6 +181,7 @@ class ForwardLayout:
 
     slot_tokens: torch.Tensor           # [slots] token each slot gathers (idle ones clamped into [0, T))
     target: torch.Tensor                # [slots] output row of each slot: its token, or T (dropped) when idle
+    tile_row: torch.Tensor              # [tiles] request row of each tile
     blocks: torch.Tensor                # [tiles, plan.num_blocks] KV blocks each tile gathers, in order
     hi: torch.Tensor                    # [tiles, tile_len] last key position each slot may see
     lo: torch.Tensor | None = None      # [tiles, tile_len] first key position each slot may see on window layers
@@ -155,15 +191,13 @@ class ForwardLayout:
 
 def forward_layout(meta, plan: TilePlan) -> ForwardLayout:
     """Tiles, block indices and the causal bound of `meta`'s batch, on the device."""
-    tiles = tile_map(meta, plan)
-    slot_tokens = tiles.token.flatten()
-    target = tiles.token.masked_fill(tiles.idle, plan.num_tokens).flatten()
+    slot_tokens, target, tile_row, blocks = tile_layout(meta.query_start_loc, meta.block_table, plan.num_tokens,
+                                                        plan.tile_len, plan.num_tiles, plan.num_blocks)
     # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
-    seq_len = meta.seq_lens.index_select(0, tiles.tile_row).unsqueeze(1)
+    seq_len = meta.seq_lens.index_select(0, tile_row).unsqueeze(1)
     positions = meta.positions.index_select(0, slot_tokens).view(plan.num_tiles, plan.tile_len)
     hi = torch.minimum(positions, seq_len - 1)
-    blocks = meta.block_table[:, :plan.num_blocks].index_select(0, tiles.tile_row)
-    return ForwardLayout(slot_tokens, target, blocks, hi)
+    return ForwardLayout(slot_tokens, target, tile_row, blocks, hi)
 
 
 def window_lo(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
@@ -185,7 +219,7 @@ def tree_bounds(layout: ForwardLayout, meta, plan: TilePlan) -> torch.Tensor:
         return layout.hi
     if layout.tree_bits is None:
         shape = (plan.num_tiles, plan.tile_len)
-        seq_len = meta.seq_lens.index_select(0, tile_map(meta, plan).tile_row).unsqueeze(1)
+        seq_len = meta.seq_lens.index_select(0, layout.tile_row).unsqueeze(1)
         layout.hi = torch.minimum(meta.tree_seq.index_select(0, layout.slot_tokens).view(shape), seq_len - 1)
         layout.tree_base = meta.tree_base.index_select(0, layout.slot_tokens).view(shape)
         layout.tree_bits = meta.tree_bits.index_select(0, layout.slot_tokens).view(shape)
