@@ -95,3 +95,26 @@ def test_rms_norm_matches_transformers(dtype):
     normed, total = fused_ops.add_rms_norm(x, residual, norm.weight, 1e-5)
     assert torch.equal(total, residual + x)
     torch.testing.assert_close(normed, norm(residual + x), **tol)
+
+
+def test_triton_attention_reads_bounds_and_blocks_by_their_strides(device="cuda"):
+    """A broadcast causal bound (every slot of a tile bounded by its row's end) and a block table sliced from a
+    wider one give what their contiguous copies give, bit for bit: the kernel reads them where torch does (it
+    read a broadcast bound past its storage, so a forward was not reproducible)."""
+    from parity.models import triton_attention
+
+    gen = torch.Generator().manual_seed(3)
+    tiles, tile_len, kv_heads, groups, head_dim, block_size, num_blocks = 3, 4, 2, 2, 16, 4, 5
+    cache = torch.randn(32 * block_size, kv_heads, head_dim, generator=gen).to(device)
+    values = torch.randn(32 * block_size, kv_heads, head_dim, generator=gen).to(device)
+    query = torch.randn(tiles * tile_len, kv_heads * groups, head_dim, generator=gen).to(device)
+    slots = torch.arange(tiles * tile_len, device=device)
+    wide = torch.randperm(32, generator=gen)[:tiles * 2 * num_blocks].view(tiles, 2 * num_blocks).to(device)
+    blocks = wide[:, ::2]                                           # strides (2 * num_blocks, 2)
+    ends = torch.tensor([[6], [13], [19]], device=device)
+    hi = ends.expand(tiles, tile_len)                               # strides (1, 0)
+    args = (query, cache, values, slots, slots)
+    strided = triton_attention.paged_attend(*args, blocks, hi, None, 0.25, tile_len, block_size)
+    dense = triton_attention.paged_attend(*args, blocks.contiguous(), hi.contiguous(), None, 0.25, tile_len,
+                                          block_size)
+    assert torch.equal(strided, dense)

@@ -36,13 +36,13 @@ _MAX_FLOOR = tl.constexpr(-1e30)   # the floor of the running max (see paged_att
 
 
 @triton.jit
-def _key_step(q, acc, run_max, run_sum, k_ptr, v_ptr, block_row, first, end, hi, lo, kv_head, scale,
+def _key_step(q, acc, run_max, run_sum, k_ptr, v_ptr, block_row, stride_bb, first, end, hi, lo, kv_head, scale,
               stride_ct, stride_ch, d, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr,
               IEEE: tl.constexpr):
     """Keys first .. first + BLOCK_N of the tile folded into the online softmax of its rows."""
     j = first + tl.arange(0, BLOCK_N)
     inside = j < end
-    block = tl.load(block_row + j // BLOCK_SIZE, mask=inside, other=0).to(tl.int64)
+    block = tl.load(block_row + (j // BLOCK_SIZE) * stride_bb, mask=inside, other=0).to(tl.int64)
     cache_row = block * BLOCK_SIZE + j % BLOCK_SIZE
     kv_offs = cache_row[:, None] * stride_ct + kv_head * stride_ch + d[None, :]
     k = tl.load(k_ptr + kv_offs, mask=inside[:, None], other=0.0)
@@ -75,6 +75,7 @@ def _key_step(q, acc, run_max, run_sum, k_ptr, v_ptr, block_row, first, end, hi,
 def _paged_attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, slot_ptr, target_ptr, blocks_ptr, hi_ptr, lo_ptr,
                          num_tokens, num_blocks, tile_len, scale,
                          stride_qt, stride_qh, stride_ct, stride_ch, stride_ot, stride_oh,
+                         stride_bt, stride_bb, stride_ht, stride_hs, stride_lt, stride_ls,
                          GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_LO: tl.constexpr, IEEE: tl.constexpr):
@@ -82,7 +83,8 @@ def _paged_attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, slot_ptr, target_ptr, blo
     kv_head = tl.program_id(1)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     live = rows < GROUPS * tile_len
-    slot = tile * tile_len + rows % tile_len
+    in_tile = rows % tile_len
+    slot = tile * tile_len + in_tile
     token = tl.load(slot_ptr + slot, mask=live, other=0).to(tl.int64)
     head = kv_head * GROUPS + rows // tile_len
     d = tl.arange(0, HEAD_DIM)
@@ -90,22 +92,23 @@ def _paged_attend_kernel(q_ptr, k_ptr, v_ptr, out_ptr, slot_ptr, target_ptr, blo
                 mask=live[:, None], other=0.0)
     if IEEE:
         q = q.to(tl.float32)
-    hi = tl.load(hi_ptr + slot, mask=live, other=-1)
+    # The bounds and the blocks by their strides: a broadcast or sliced bound reads what torch's path reads.
+    hi = tl.load(hi_ptr + tile.to(tl.int64) * stride_ht + in_tile * stride_hs, mask=live, other=-1)
     # Keys 0 .. the largest bound of the rows; with a window, from the smallest start.
     end = tl.minimum(tl.max(hi, axis=0) + 1, num_blocks * BLOCK_SIZE)
     start = 0
     lo = hi
     if HAS_LO:
-        lo = tl.load(lo_ptr + slot, mask=live, other=2147483647)
+        lo = tl.load(lo_ptr + tile.to(tl.int64) * stride_lt + in_tile * stride_ls, mask=live, other=2147483647)
         start = (tl.maximum(tl.min(lo, axis=0), 0) // BLOCK_N) * BLOCK_N
     run_max = tl.full((BLOCK_M,), _MAX_FLOOR, tl.float32)
     run_sum = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-    block_row = blocks_ptr + tile.to(tl.int64) * num_blocks
+    block_row = blocks_ptr + tile.to(tl.int64) * stride_bt
     for first in range(start, end, BLOCK_N):
-        acc, run_max, run_sum = _key_step(q, acc, run_max, run_sum, k_ptr, v_ptr, block_row, first, end, hi, lo,
-                                          kv_head, scale, stride_ct, stride_ch, d, BLOCK_SIZE, BLOCK_N, HAS_LO,
-                                          IEEE)
+        acc, run_max, run_sum = _key_step(q, acc, run_max, run_sum, k_ptr, v_ptr, block_row, stride_bb, first, end,
+                                          hi, lo, kv_head, scale, stride_ct, stride_ch, d, BLOCK_SIZE, BLOCK_N,
+                                          HAS_LO, IEEE)
     # A row that saw no key has sum 0 and acc 0: it writes 0.
     values = acc / tl.maximum(run_sum, 1e-30)[:, None]
     target = tl.load(target_ptr + slot, mask=live, other=num_tokens).to(tl.int64)
@@ -134,10 +137,12 @@ def paged_attend(query, k_cache, v_cache, slot_tokens, target, blocks, hi, lo, s
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
     block_n = 32 if ieee else 64
     grid = (num_tiles, kv_heads, triton.cdiv(rows, block_m))
+    bound = lo if lo is not None else hi
     _paged_attend_kernel[grid](
-        query, k_cache, v_cache, out, slot_tokens, target, blocks, hi, lo if lo is not None else hi,
+        query, k_cache, v_cache, out, slot_tokens, target, blocks, hi, bound,
         num_tokens, num_blocks, tile_len, scaling,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
+        blocks.stride(0), blocks.stride(1), hi.stride(0), hi.stride(1), bound.stride(0), bound.stride(1),
         GROUPS=groups, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m,
         BLOCK_N=block_n, HAS_LO=lo is not None, IEEE=ieee, num_warps=4)
     return out
