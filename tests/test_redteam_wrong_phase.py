@@ -4,7 +4,8 @@ The engine keeps its graphs in one dict keyed by batch size, so the draft's look
 graph captured there first: every draft step replays the target's decode[4] (in the target's pool) instead
 of the draft graph. The draft never writes its history, and decode[4]'s replay overwrites the smaller decode
 graphs' logits before the engine reads them. Truth (docs/bugs.md): WRONG_GRAPH (a graph captured for another
-forward). Today: OUTPUT_ALIASED on decode[2] / decode[1], the symptom.
+forward), named by `replay_checks.wrong_graph` from the replaying frame's `fn`; before it, OUTPUT_ALIASED on
+decode[2] / decode[1], the symptom.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ def test_the_wrong_graph_parts_from_eager(outcome):
     assert not all(torch.equal(a, b) for a, b in zip(eager_logits, logits))
 
 
-@pytest.mark.xfail(strict=True, reason="redteam: the draft step replays the decode graph: OUTPUT_ALIASED on the "
-                                       "smaller decode graphs (expected WRONG_GRAPH)")
 def test_the_wrong_graph_is_named(outcome):
     _, session, _ = outcome
     assert session.errors, "nothing found"
     assert {e.kind for e in session.errors} == {"WRONG_GRAPH"}, [(e.kind, e.buffers) for e in session.errors]
+    # the engine's `_run(self, fn, graph_entry, ...)` holds fn = draft_step while it replays decode[4]
+    assert {tuple(e.buffers) for e in session.errors} == {("fn",)}, [e.buffers for e in session.errors]

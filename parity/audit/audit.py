@@ -183,7 +183,8 @@ class GraphAudit:
         found = rebinds(record, roots)
         self._check_versions()
         too_small = replay_checks.smaller_than_the_batch(self)
-        due = (self._due() or too_small is not None) and not self._overwritten_inputs
+        wrong = replay_checks.wrong_graph(self)
+        due = (self._due() or too_small is not None) and not self._overwritten_inputs and wrong is None
         lifetime.before_replay(self, due)
         read = [role.tensor.clone() for role in self._overwritten_inputs]
         try:
@@ -202,6 +203,8 @@ class GraphAudit:
             diagnoses = [replay_checks.inputs_overwritten(self, overwritten)]
         # NOTE: a graph that equals its callable at its own shape and still cannot hold the batch was looked up for
         # another size; one that differs from it is told by its own experiments (an output sliced by a frozen count).
+        if wrong is not None:
+            diagnoses = [wrong]
         for diagnosis in diagnoses or ([too_small] if too_small else []):
             self._report(diagnosis)
         return self.outputs

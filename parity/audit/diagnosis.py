@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                     NOT_REFRESHED, OUTPUT_ALIASED, PADDING_LEAK, POOL_ALIAS, STALE_BUFFER,
-                                    UNEXPLAINED)
+                                    UNEXPLAINED, WRONG_GRAPH)
 from parity.diagnosis.record import Diagnosis
 
 # The kinds the audit emits (docs/audit.md's table lists exactly these).
 KINDS = (STALE_BUFFER, BUFFER_REASSIGNED, FROZEN_AT_CAPTURE, PADDING_LEAK, POOL_ALIAS, OUTPUT_ALIASED,
-         CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, NOT_REFRESHED, UNEXPLAINED)
+         CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, WRONG_GRAPH, NOT_REFRESHED, UNEXPLAINED)
 
 
 def make_diagnosis(kind: str, buffers, *, owner: str, replay: int, graph: dict | None = None, rows=(),

@@ -64,6 +64,11 @@ def register(audit) -> None:
     _AUDITS.append(weakref.ref(audit))
 
 
+def audits() -> list:
+    """The audits of this process's graphs that are alive, oldest capture first."""
+    return [a for a in (ref() for ref in _AUDITS) if a is not None]
+
+
 def _clobbered(a, b) -> list[tuple[int, list]]:
     """(output index, byte spans) of A's outputs that B's capture handed out as temporaries."""
     temporaries = minus(b.record.produced, merged(byte_range(t) for t in b.record.outputs if t.numel()))

@@ -5,13 +5,21 @@
   captured ones;
 - `inputs_overwritten`: POOL_ALIAS when the graph reads inputs from memory its own capture handed out and the
   replay changed them (`pool.inputs_overwritten`);
-- `smaller_than_the_batch`: DESCRIPTOR_MISMATCH when the batch holds more real rows than the graph's outputs.
+- `smaller_than_the_batch`: DESCRIPTOR_MISMATCH when the batch holds more real rows than the graph's outputs;
+- `wrong_graph`: WRONG_GRAPH when the code replaying the graph holds the callable another graph was captured
+  for, and not this graph's own.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
+
 import torch
 from torch.utils._pytree import tree_flatten
+
+from parity.audit import lifetime
+from parity.audit.infer import not_callable
 
 
 def arguments(audit) -> tuple[tuple, dict]:
@@ -55,3 +63,35 @@ def smaller_than_the_batch(audit) -> dict | None:
         f"for {padded}: the rows past {padded} are not computed; the engine looked up a graph of another "
         "size than the batch it built", "the graph equals its callable run eagerly at its own shape on the same "
         "live inputs (shadow check)"], experiment="compare num_valid with the graph's captured batch size")
+
+
+def wrong_graph(audit) -> dict | None:
+    """WRONG_GRAPH: the engine frame that replays the graph holds, in a local variable, the function another
+    audited graph was captured for, and nothing holds this graph's own: it meant that forward and looked up
+    this graph (a key without the phase, one table for two owners). The graph equals its own callable, so a
+    shadow check finds nothing; the outputs it overwrites in the other forward's pool are its consequence."""
+    site = sys._getframe(1)
+    while site is not None and not_callable(site.f_code.co_filename):
+        site = site.f_back
+    if site is None:
+        return None
+    own = audit.record.fn
+    held = {name: value for name, value in site.f_locals.items()
+            if name != "self" and (inspect.ismethod(value) or inspect.isfunction(value))}
+    if any(value == own for value in held.values()):
+        return None
+    others = [a for a in lifetime.audits() if a is not audit and a.record is not None and a.record.fn != own]
+    for name, value in held.items():
+        meant = next((a for a in others if a.record.fn == value), None)
+        if meant is not None:
+            where = f"{site.f_code.co_name} ({site.f_code.co_filename}:{site.f_lineno})"
+            return audit._diagnosis("WRONG_GRAPH", [name], evidence=[
+                f"replay {audit.replays}: {where} replays {audit.name}, captured for "
+                f"{_called(own)}, while its `{name}` is {_called(value)}, the function {meant.name} was captured "
+                "for", "the graph looked up belongs to another forward"],
+                experiment="compare the function the replaying frame holds with the one each graph was captured for")
+    return None
+
+
+def _called(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
