@@ -66,8 +66,8 @@ def smaller_than_the_batch(audit) -> dict | None:
 
 
 def wrong_graph(audit) -> dict | None:
-    """WRONG_GRAPH: the engine frame that replays the graph holds, in a local variable, the function another
-    audited graph was captured for, and nothing holds this graph's own: it meant that forward and looked up
+    """WRONG_GRAPH: the engine function that replays the graph was handed, as a parameter, the function another
+    audited graph was captured for, and no parameter is this graph's own: it meant that forward and looked up
     this graph (a key without the phase, one table for two owners). The graph equals its own callable, so a
     shadow check finds nothing; the outputs it overwrites in the other forward's pool are its consequence."""
     site = sys._getframe(1)
@@ -75,9 +75,12 @@ def wrong_graph(audit) -> dict | None:
         site = site.f_back
     if site is None:
         return None
-    own = audit.record.fn
-    held = {name: value for name, value in site.f_locals.items()
-            if name != "self" and (inspect.ismethod(value) or inspect.isfunction(value))}
+    own, code = audit.record.fn, site.f_code
+    # NOTE: its parameters only: a function handed `fn` and a graph runs one of them (a dispatcher); a local
+    # picked up from an attribute may just as well be meant for the next replay.
+    parameters = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    held = {name: site.f_locals.get(name) for name in parameters if name != "self"}
+    held = {name: value for name, value in held.items() if inspect.ismethod(value) or inspect.isfunction(value)}
     if any(value == own for value in held.values()):
         return None
     others = [a for a in lifetime.audits() if a is not audit and a.record is not None and a.record.fn != own]
