@@ -69,27 +69,3 @@ def test_a_reassigned_projection_is_refused_not_silently_stale():
     mlp.up_proj.weight = torch.nn.Parameter(torch.zeros_like(mlp.up_proj.weight))
     with pytest.raises(RuntimeError, match="changed after they were fused"):
         fused(mlp, ("gate_proj", "up_proj"))
-
-
-@pytest.mark.parametrize("rope", [{}, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-                                  {"rope_type": "dynamic", "factor": 2.0}], ids=["default", "llama3", "dynamic"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_rope_tables_are_the_rotary_module_and_one_op_for_a_static_type(rope, dtype, monkeypatch):
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    from parity.models import fused_ops
-    from parity.models.decoder_layer import rope_tables
-
-    config = _config(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **rope})
-    module = LlamaRotaryEmbedding(config)
-    positions = torch.tensor([0, 1, 5, 127, 300, 64, 2])
-    x = torch.zeros(7, 64, dtype=dtype)
-    want = module(x.unsqueeze(0), position_ids=positions.unsqueeze(0))
-    calls = []
-    monkeypatch.setattr(fused_ops.rope_table, "op", lambda *a: calls.append(a) or fused_ops._rope_table(*a))
-    monkeypatch.setattr(fused_ops.rope_table, "default", lambda *a: calls.append(a) or fused_ops._rope_table(*a))
-    got = rope_tables(module, x, positions)
-    assert got[0].dtype == dtype and torch.equal(got[0], want[0][0]) and torch.equal(got[1], want[1][0])
-    # static types are the op (reading the module's inv_freq); a dynamic type rescales it, so it is the module
-    assert len(calls) == (0 if rope.get("rope_type") == "dynamic" else 1)

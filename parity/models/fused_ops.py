@@ -77,19 +77,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 rope = DirectOp("parity::rope", _rope)
 
 
-def _rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE's (cos, sin) [T, D] at `positions` [T] in `dtype`: transformers' `LlamaRotaryEmbedding.forward`
-    for a static inverse-frequency vector [D / 2] (freqs = position * inv_freq in fp32, twice over, each
-    scaled by `scaling`)."""
-    freqs = positions[:, None].float() * inv_freq.float()
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
-
-
-rope_table = DirectOp("parity::rope_table", _rope_table)
-
-
 def _torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     # LlamaMLP's act_fn(gate) * up, gate and up side by side in x [T, 2I]
     width = x.shape[-1] // 2
@@ -127,14 +114,6 @@ if HAS_TRITON:
             return _torch_rope(x, cos, sin)
         from parity.models import triton_pointwise
         return triton_pointwise.rope(x, cos, sin)
-
-    @rope_table.register_kernel("cuda")
-    def _(positions, inv_freq, scaling, dtype):
-        if not (positions.is_contiguous() and inv_freq.is_contiguous() and inv_freq.dtype == torch.float32
-                and _is_pow2(inv_freq.shape[0])):
-            return _rope_table(positions, inv_freq, scaling, dtype)
-        from parity.models import triton_pointwise
-        return triton_pointwise.rope_table(positions, inv_freq, scaling, dtype)
 
     @silu_and_mul.register_kernel("cuda")
     def _(x):

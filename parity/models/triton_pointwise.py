@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -89,41 +88,6 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         _rope_kernel[(tokens,)](x, cos, sin, out, heads, x.stride(0), HALF=head_dim // 2,
                                 BLOCK_H=triton.next_power_of_2(heads), enable_fp_fusion=False)
     return out
-
-
-@triton.jit
-def _rope_table_kernel(pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, tokens, scaling, HALF: tl.constexpr,
-                       BLOCK_T: tl.constexpr):
-    # Program: BLOCK_T tokens, every frequency; a frequency's value goes to both halves of the head dim.
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
-    i = tl.arange(0, HALF)[None, :]
-    inside = t < tokens
-    freqs = tl.load(pos_ptr + t, mask=inside, other=0).to(tl.float32) * tl.load(inv_freq_ptr + i)
-    # libdevice's cosf/sinf: the CUDA math library's, which torch's elementwise cos/sin call (tl.cos may
-    # lower to the approximate instruction).
-    dtype = cos_ptr.dtype.element_ty
-    cos = (libdevice.cos(freqs) * scaling).to(dtype)
-    sin = (libdevice.sin(freqs) * scaling).to(dtype)
-    row = t.to(tl.int64) * 2 * HALF + i
-    tl.store(cos_ptr + row, cos, mask=inside)
-    tl.store(cos_ptr + row + HALF, cos, mask=inside)
-    tl.store(sin_ptr + row, sin, mask=inside)
-    tl.store(sin_ptr + row + HALF, sin, mask=inside)
-
-
-def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) [T, D] in `dtype` at `positions` [T] for `inv_freq` [D / 2] (fp32): one kernel where
-    transformers' rotary module launches about nine, rounding as it rounds (the fp32 product, the fp32
-    cos/sin, the scaled value, the cast)."""
-    tokens, half = positions.shape[0], inv_freq.shape[0]
-    cos = torch.empty((tokens, 2 * half), dtype=dtype, device=positions.device)
-    sin = torch.empty_like(cos)
-    if tokens:
-        block = 16
-        _rope_table_kernel[(triton.cdiv(tokens, block),)](positions, inv_freq, cos, sin, tokens, scaling,
-                                                          HALF=half, BLOCK_T=block, enable_fp_fusion=False)
-    return cos, sin
 
 
 @triton.jit
