@@ -1,10 +1,8 @@
-"""The two per-forward tables of the decoder on CUDA, each one Triton kernel, against what they replace.
+"""Where a forward's tokens sit in the attention tiles on CUDA: one Triton kernel against the torch path.
 
-`attention_tiles.tile_layout` (where the tokens sit in the attention tiles)
-against its torch implementation on good batches and on the broken metadata
-a fault hands in, bit for bit and dtype for dtype; `fused_ops.rope_table`
-against transformers' rotary module at every position of an 8k context, bit
-for bit, for the rope types the engine's models use.
+`attention_tiles.tile_layout` against its torch implementation on good
+batches and on the broken metadata a fault hands in, bit for bit and dtype
+for dtype.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from hypothesis import strategies as st
 
 from parity.models import attention_tiles
 from parity.models.attention_tiles import plan_tiles
-from parity.models.decoder_layer import rope_tables
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -48,23 +45,3 @@ def test_the_tile_layout_kernel_is_the_torch_layout_bit_for_bit(batch):
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert torch.equal(got, want), (name, qsl, plan.tile_len)
 
-
-@pytest.mark.parametrize("rope", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}],
-                         ids=["default", "llama3"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_the_rope_table_kernel_is_transformers_rotary_module_bit_for_bit(rope, dtype):
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    parameters = {"rope_type": "default", "rope_theta": 500000.0, **(rope or {})}
-    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, max_position_embeddings=131072,
-                         rope_parameters=parameters)
-    module = LlamaRotaryEmbedding(config).to("cuda")
-    positions = torch.cat((torch.arange(8192, device="cuda"), torch.tensor([131071, 65537, 0], device="cuda")))
-    x = torch.zeros(positions.shape[0], 4096, dtype=dtype, device="cuda")
-    want = module(x.unsqueeze(0), position_ids=positions.unsqueeze(0))
-    module.forward = lambda *args, **kwargs: pytest.fail("rope_tables called the module, not the kernel")
-    got = rope_tables(module, x, positions)
-    assert got[0].dtype == want[0].dtype == dtype
-    assert torch.equal(got[0], want[0][0]) and torch.equal(got[1], want[1][0])

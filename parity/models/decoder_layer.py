@@ -17,28 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding,
-                                                      eager_attention_forward)
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, eager_attention_forward
 
 from parity.models import fused_ops
 from parity.models.fused_weights import GATE_UP, QKV, fused
 
 
-# Rotary types whose module reads a fixed inverse-frequency vector (the dynamic ones rescale it by length).
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
 def rope_tables(rotary_emb: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE's (cos, sin) [T, D] at `positions` [T], in x's dtype (x [T, h]).
-
-    Transformers' rotary module of a static type is one op (`fused_ops.rope_table`: the module's arithmetic,
-    on CUDA one kernel) reading the module's `inv_freq` each forward, as the module does, on every device, so
-    both graph backends see the same op and the same two outputs. Anything else calls the module, and so
-    does a process that allows TF32 matmuls (a transformers version whose module takes the outer product by
-    a matmul would round its inputs to TF32)."""
-    if (type(rotary_emb) is LlamaRotaryEmbedding and rotary_emb.rope_type in STATIC_ROPE_TYPES
-            and not torch.backends.cuda.matmul.allow_tf32):
-        return fused_ops.rope_table(positions, rotary_emb.inv_freq, float(rotary_emb.attention_scaling), x.dtype)
+    """RoPE's (cos, sin) [T, D] at `positions` [T], in x's dtype (x [T, h])."""
     cos, sin = rotary_emb(x.unsqueeze(0), position_ids=positions.unsqueeze(0))
     return cos[0], sin[0]
 
