@@ -12,7 +12,7 @@ searchsorted returns on a sorted vector), and writes the slot's token and
 output row and, from the first slot of each tile, the tile's row and KV
 blocks. Integer arithmetic throughout: the results are
 the torch implementation's bit for bit, on good metadata and on the broken
-metadata a fault under test hands in (`tests/test_attention_layout.py`).
+metadata a fault under test hands in (`tests/test_gpu_tile_layout.py`).
 
 Only the CUDA implementation of `attention_tiles.tile_layout` calls it; the
 module imports triton.
