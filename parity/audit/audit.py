@@ -201,10 +201,10 @@ class GraphAudit:
                        if not bit_equal(role.tensor, value)]
         if overwritten:
             diagnoses = [replay_checks.inputs_overwritten(self, overwritten)]
-        # NOTE: a graph that equals its callable at its own shape and still cannot hold the batch was looked up for
-        # another size; one that differs from it is told by its own experiments (an output sliced by a frozen count).
         if wrong is not None:
             diagnoses = [wrong]
+        # NOTE: a graph that equals its callable at its own shape and still cannot hold the batch was looked up for
+        # another size; one that differs from it is told by its own experiments (an output sliced by a frozen count).
         for diagnosis in diagnoses or ([too_small] if too_small else []):
             self._report(diagnosis)
         return self.outputs

@@ -142,22 +142,17 @@ def _tile_map(query_start_loc: torch.Tensor, num_tokens: int, tile_len: int, num
 
 def _torch_tile_layout(query_start_loc: torch.Tensor, block_table: torch.Tensor, num_tokens: int, tile_len: int,
                        num_tiles: int, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the tokens sit in the tiles: (the token each slot gathers [slots], each slot's output row [slots]:
+    its token, or T (dropped) when idle, each tile's request row [tiles], the KV blocks each tile gathers
+    [tiles, num_blocks])."""
     tiles = _tile_map(query_start_loc, num_tokens, tile_len, num_tiles)
     target = tiles.token.masked_fill(tiles.idle, num_tokens).flatten()
     blocks = block_table[:, :num_blocks].index_select(0, tiles.tile_row)
     return tiles.token.flatten(), target, tiles.tile_row.contiguous(), blocks
 
 
-def _tile_layout(query_start_loc: torch.Tensor, block_table: torch.Tensor, num_tokens: int, tile_len: int,
-                 num_tiles: int, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where the tokens sit in the tiles: (the token each slot gathers [slots], each slot's output row [slots]:
-    its token, or T (dropped) when idle, each tile's request row [tiles], the KV blocks each tile gathers
-    [tiles, num_blocks])."""
-    return _torch_tile_layout(query_start_loc, block_table, num_tokens, tile_len, num_tiles, num_blocks)
-
-
 # One op (on CUDA one kernel, `triton_layout`) where tile_map and the blocks' gather are a dozen or more.
-tile_layout = DirectOp("parity::tile_layout", _tile_layout)
+tile_layout = DirectOp("parity::tile_layout", _torch_tile_layout)
 
 if HAS_TRITON:
     @tile_layout.register_kernel("cuda")
