@@ -2,7 +2,8 @@
 
 Slot 0 is the first KV slot of request 0, so a padded token overwrites request 0's first key and value, in
 eager at the same padded shape too: the run parts from a correct engine while the graph equals its padded
-eager run. Truth (docs/bugs.md): PADDING_LEAK naming slot_mapping. Today the audit reports nothing.
+eager run. Truth (docs/bugs.md): PADDING_LEAK naming slot_mapping. Slot 0 is no real entry of the step, so input poisoning
+leaves it alone as a pad marker; what the padded rows store is poisoned instead (audit/padded_values.py).
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ def test_the_padding_changes_real_outputs(outcome):
     assert parts(correct, graphed)
 
 
-@pytest.mark.xfail(strict=True, reason="redteam: padded slots 0 write request 0's KV: the audit reports nothing "
-                                       "(expected PADDING_LEAK slot_mapping)")
 def test_the_padded_slot_is_named(outcome):
     _, session, _ = outcome
     assert session.errors, "nothing found"

@@ -30,6 +30,7 @@ import torch
 
 from parity.audit.experiments import Experiment
 from parity.audit.lab import ShadowLab
+from parity.audit.padded_values import fill_from_real, stored_leak
 from parity.audit.record import Role
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
 from parity.graphs.roles import resolve
@@ -64,9 +65,7 @@ def _poison(t: torch.Tensor, num_valid: int, value) -> None:
     elif t.is_floating_point() or t.is_complex():
         t[num_valid:].fill_(float("nan"))
     else:
-        holes = t.shape[0] - num_valid
-        picks = (torch.arange(holes, device=t.device) * 7 + 1) % num_valid   # real entries, shuffled
-        t[num_valid:] = t[:num_valid][picks]
+        fill_from_real(t, num_valid)
 
 
 def _poisoned_run(lab: ShadowLab, roles: list[Role], num_valid: int, spec: dict) -> Result:
@@ -92,10 +91,10 @@ def padding_check(lab: ShadowLab, replayed: Result, num_valid: int, padded: int,
     spec = spec or {}
     if num_valid >= padded or num_valid <= 0:
         return None
-    roles = [r for r in padding_roles(lab, padded, spec)
-             if r.name in spec or not _integer(r) or not inert_sentinel(r.tensor, num_valid)]
+    inputs = padding_roles(lab, padded, spec)
+    roles = [r for r in inputs if r.name in spec or not _integer(r) or not inert_sentinel(r.tensor, num_valid)]
     if not roles:
-        return None
+        return stored_leak(lab, inputs, num_valid, padded)
     reference = Result(clone_outputs(replayed.outputs))
     names = lab.record.output_names
 
@@ -103,8 +102,16 @@ def padding_check(lab: ShadowLab, replayed: Result, num_valid: int, padded: int,
         return compare(_poisoned_run(lab, subset, num_valid, spec), reference, names, rows=num_valid, padded=padded)
     leak = leaks(roles)
     if leak is None:
-        return None
+        return stored_leak(lab, inputs, num_valid, padded)
     leaking = [r for r in roles if leaks([r]) is not None]
+    routed = stored_leak(lab, inputs, num_valid, padded, tuple(r.name for r in leaking))
+    if routed is not None and set(routed.buffers) <= {r.name for r in inputs}:
+        # NOTE: padding that reaches real rows through what padded rows store is named by the input that
+        # decides where they store it, ahead of the inputs whose poison travelled that way.
+        routed.evidence.insert(1, f"poisoned alone, the padding of {', '.join(r.name for r in leaking)} reaches "
+                                  "real rows too, through those stores" if leaking else
+                                  "poisoning the padded inputs together reaches real rows too, through those stores")
+        return routed
     indices = [r for r in leaking if _integer(r)]
     named = [r.name for r in (indices or leaking or roles)]
     rows = f"rows {num_valid}..{padded - 1}"
