@@ -17,14 +17,20 @@ _WHILE_STARTING = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "t
 def _starting(signum, frame):
     code, word = _WHILE_STARTING[signum]
     os.write(2, f"parity: {word} while starting (nothing was written)\n".encode())
+    stop = getattr(sys.modules.get("parity.harness.mps"), "stop", None)   # None: not imported (or not yet whole)
+    if stop is not None:
+        stop()                          # a private MPS daemon started already: told to quit
     os._exit(code)
 
 
 def main() -> int:
     previous = {signum: signal.signal(signum, _starting) for signum in _WHILE_STARTING}
-    from parity.harness import warm          # light: no torch, no transformers
+    from parity.harness import mps, warm     # light: no torch, no transformers
 
-    warm.start(warm.expected(sys.argv[1:]))  # workers a concurrent run will want import while this process does
+    width = warm.expected(sys.argv[1:])
+    if width > 1 or warm.bench_run(sys.argv[1:]):
+        mps.start(sys.argv[1:])              # before any CUDA context here or in a worker: all are its clients
+    warm.start(width)                        # workers a concurrent run will want import while this process does
     from parity.cli import main as run_cli   # torch, transformers: seconds of imports
 
     for signum, handler in previous.items():

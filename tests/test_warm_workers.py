@@ -40,6 +40,14 @@ def test_only_a_likely_concurrent_run_starts_workers(gpu, tmp_path, monkeypatch)
     assert warm.expected([]) == 0
 
 
+def test_a_bench_scale_that_runs_a_session_asks_for_mps(gpu):
+    assert warm.bench_run(["bench", "scale", "--target-path", "t", "--draft-path", "d"])
+    assert warm.bench_run(["bench", "scale", "--jobs", "4"])
+    for args in (["--skip-run"], ["--run-summary", "s.json"], ["--jobs", "1"], ["--help"]):
+        assert not warm.bench_run(["bench", "scale", *args]), args
+    assert not warm.bench_run(["bench", "latency"]) and not warm.bench_run(["run"]) and not warm.bench_run([])
+
+
 def test_no_gpu_no_workers(monkeypatch):
     monkeypatch.setattr(warm, "_has_gpu", lambda: False)
     assert warm.expected(["run", "--jobs", "4"]) == 0

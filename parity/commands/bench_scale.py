@@ -30,6 +30,8 @@ def register_scale(suites) -> None:
     sc.add_argument("--skip-run", action="store_true", help="forwards only")
     sc.add_argument("--jobs", type=count, default=None, metavar="N",
                     help="runs of the whole run at once (1: one after another; default: as `parity run`)")
+    sc.add_argument("--no-mps", action="store_true", help="the run's concurrent workers without a private MPS "
+                                                            "daemon (as `parity run --no-mps`)")
     sc.add_argument("--skip-forwards", action="store_true", help="the run only")
     sc.add_argument("--batches", default="1,8,32", help="batch sizes of the per-forward figures")
     sc.add_argument("--max-model-len", type=count, default=512)

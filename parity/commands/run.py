@@ -27,6 +27,10 @@ def register(sub) -> None:
     run.add_argument("--jobs", type=count, default=None, metavar="N",
                      help="runs at once, in worker processes sharing the weights (1: one after another; default: "
                           "concurrent on CUDA as far as the memory plan fits, sequential on the CPU)")
+    run.add_argument("--no-mps", action="store_true",
+                     help="concurrent runs on CUDA without a private MPS daemon (default: one is started when "
+                          "nvidia-cuda-mps-control is on the PATH and no MPS daemon runs, so the runs' kernels share "
+                          "the GPU instead of time-slicing it; docs/memory.md)")
     add_memory_options(run)
     tp.add_tp_options(run)
     run.set_defaults(handler=main)

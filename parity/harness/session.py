@@ -22,6 +22,7 @@ from parity.errors import ParityInputError
 from parity.graphs.factory import uninstall
 from parity.graphs.modes import EAGER, MODES
 from parity.graphs.tp_agree import agree_all, agree_union, first_found
+from parity.harness import mps
 from parity.harness.concurrency import decide, session_jobs
 from parity.harness.concurrent import RunPool
 from parity.harness.modes import (RunSet, capture_policy, reference_names, request_specs, run_modes,
@@ -66,7 +67,7 @@ def run_session(request: RunRequest, progress=None, on_run=None) -> RunOutcome:
                              pool=pool)
             pool.close()
     concurrent = {**concurrency.as_dict(), **(runs.concurrency or {}),
-                  "critical_path": critical_path(runs.spans, origin)}
+                  "critical_path": critical_path(runs.spans, origin), "mps": mps.used()}
     with frozen_heap():
         with watch("analysis_seconds"):
             comparisons = compare_runs(runs, scenario)

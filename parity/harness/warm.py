@@ -48,6 +48,16 @@ def expected(argv: list[str]) -> int:
     return min(AUTO_MAX, _cpus())
 
 
+def bench_run(argv: list[str]) -> bool:
+    """Whether `parity <argv>` is a `parity bench scale` that runs a whole session on a GPU (concurrent by
+    default, as `parity run`'s; its workers are spawned when its pool opens)."""
+    if argv[:2] != ["bench", "scale"] or not _has_gpu():
+        return False
+    options = _options(argv[2:])
+    return not any(flag in options for flag in ("-h", "--help", "--skip-run", "--run-summary")) and \
+        options.get("--jobs", "2") != "1"
+
+
 def _target_folder(options: dict) -> Path | None:
     """The target's folder as `parity run` will find it (the zoo: paths, environment, the local HF cache)."""
     from parity.models.zoo import DEFAULT_MODEL, resolve_paths   # the standard library only

@@ -65,6 +65,9 @@ def concurrency_line(concurrency: dict | None) -> str | None:
                  f"{path['bounded_by']} (critical path {' -> '.join(path['path'])}); concurrency "
                  f"{path['concurrency']:.2f} ({path['busy_seconds']:.1f} s of runs in "
                  f"{path['runs_wall_seconds']:.1f} s)")
+    if concurrency.get("mps") and concurrency.get("concurrent"):
+        text += "; sharing the GPU through " + ("a private MPS daemon" if concurrency["mps"] == "private" else
+                                                "the user's MPS daemon")
     retried = concurrency.get("retried_alone")
     if retried:
         text += f"; {', '.join(retried)} ran out of device memory beside other runs and ran again alone"
