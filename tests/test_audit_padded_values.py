@@ -84,6 +84,13 @@ def test_padded_rows_storing_into_a_slot_real_rows_read_are_named_by_the_input_t
     assert "out rows [0] differ" in str(errors[0])      # request 0 reads its first slot: the pad's store
 
 
+def test_under_inference_mode_as_vllm_captures_the_answers_are_the_same():
+    with torch.inference_mode():
+        leaky, clean = _run(Engine("cpu", pad_slot=0, first_slot=0)), _run(Engine("cpu", pad_slot=15, first_slot=0))
+    assert {(e.kind, tuple(e.buffers)) for e in leaky.audit.errors} == {("PADDING_LEAK", ("self.slots",))}
+    assert clean.audit.errors == []
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pad_slot, first_slot", [(15, 0), (0, 1)], ids=["trash-slot", "reserved-slot-0"])
 def test_a_pad_marker_no_real_row_reads_is_inert(device, pad_slot, first_slot):

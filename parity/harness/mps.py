@@ -82,7 +82,7 @@ def start(argv: list[str]) -> str | None:
 
 
 def used() -> str | None:
-    """"private", "user" or None: how this process's CUDA work shares the GPU with its workers."""
+    """How this process and its workers share the GPU: "private" (our daemon), "user" (theirs) or None."""
     return _STATE["mps"]
 
 
