@@ -110,12 +110,12 @@ def _eager(lab: ShadowLab, num_valid: int, padded: int, poison: set[int] | None 
     return Result(result.outputs), poisoner
 
 
-def stored_leak(lab: ShadowLab, roles: list[Role], num_valid: int, padded: int, leaking: tuple = ()
+def stored_leak(lab: ShadowLab, roles: list[Role], num_valid: int, padded: int, leaking: tuple | None = None
                 ) -> Experiment | None:
     """PADDING_LEAK when real rows read what the forward's indexed writes store for padded rows; else None.
-    `roles`: the per-step inputs with padded rows (`padding.padding_roles`); `leaking`: the names of those whose
-    poisoned padding alone reached real rows (`padding.py`): of the inputs that decide where the stores go, those
-    are named (a cache row index, not the position within the row that moves with it)."""
+    `roles`: the per-step inputs with padded rows (`padding.padding_roles`); `leaking`: None when poisoning them
+    moved no real row, else the names of those whose poisoned padding alone did (`padding.py`): of the inputs
+    that decide where the stores go, those are named (a cache row index, not the position within the row)."""
     names = lab.record.output_names
     reference = Result(lab.eager.outputs)
     clean, recorded = _eager(lab, num_valid, padded)
@@ -123,19 +123,24 @@ def stored_leak(lab: ShadowLab, roles: list[Role], num_valid: int, padded: int, 
     if not writes or compare(clean, reference, names, rows=num_valid, padded=padded) is not None:
         return None                                 # nothing stored for padded rows, or eager does not reproduce
 
-    def leaks(subset) -> bool:
-        return compare(_eager(lab, num_valid, padded, set(subset))[0], reference, names, rows=num_valid,
-                       padded=padded) is not None
-    if not leaks(writes):
+    seen: dict[tuple, object] = {}
+
+    def mismatch(subset):
+        key = tuple(subset)
+        if key not in seen:
+            seen[key] = compare(_eager(lab, num_valid, padded, set(subset))[0], reference, names, rows=num_valid,
+                                padded=padded)
+        return seen[key]
+    if mismatch(writes) is None:
         return None
-    blamed = ddmin(writes, leaks)
-    leak = compare(_eager(lab, num_valid, padded, set(blamed))[0], reference, names, rows=num_valid, padded=padded)
+    blamed = ddmin(writes, lambda subset: mismatch(subset) is not None)
+    leak = mismatch(blamed)
     accesses = [recorded.accesses[recorded.padded_writes[k]] for k in blamed]
     deciding = [r for r in roles if not (r.tensor.is_floating_point() or r.tensor.is_complex())
                 and _moves(lab, r, num_valid, padded, blamed, accesses)]
     layouts = lab.record.layouts
     written = [layouts.get(a.storage, (f"a {tuple(a.tensor.shape)} tensor",))[0] for a in accesses]
-    blamed_inputs = [r for r in deciding if r.name in leaking] or deciding
+    blamed_inputs = [r for r in deciding if r.name in (leaking or ())] or deciding
     named = [r.name for r in blamed_inputs] or written[:1]
     rows = f"rows {num_valid}..{padded - 1}"
     targets = ", ".join(sorted({str(int(t)) for a in accesses for t in a.flat[num_valid:].reshape(-1)[:4]}))
@@ -147,7 +152,7 @@ def stored_leak(lab: ShadowLab, roles: list[Role], num_valid: int, padded: int, 
                 f"{len(blamed)} of the forward's {len(writes)} padded indexed write(s) suffice; {where}"]
     if len(blamed_inputs) < len(deciding):
         evidence.append(f"named: {', '.join(named)}, whose padding also reaches real rows when poisoned alone")
-    if not leaking:
+    if leaking is None:
         evidence.append("poisoning the padded inputs changes nothing: they hold a pad marker no real entry holds, yet "
                         "the element it sends padded rows to is one real rows read; the eager run at the same padded "
                         "shape does the same, so only this experiment shows it")

@@ -11,9 +11,9 @@ with, same verdicts and acceptance.
 
 So `parity` (`__main__`), before any process of it touches CUDA, starts a
 daemon of its own when a concurrent CUDA session is expected
-(`warm.expected`, or `warm.bench_run`): pipe and log folders under the temp folder, named to this
-process and its children only (CUDA_MPS_PIPE_DIRECTORY), so no other program
-connects to it. It starts the server and waits until it is up; any failure
+(`warm.expected`, or `warm.bench_run`): pipe and log folders under the
+temp folder, named to this process and its children only
+(CUDA_MPS_PIPE_DIRECTORY), so no other program connects to it. It starts the server and waits until it is up; any failure
 (a server that will not start: a GPU in exclusive or MIG mode, no rights)
 quits the daemon and the run goes on without MPS. At exit the daemon is told
 to quit (it ends once this process's context is gone) and its folders go.
