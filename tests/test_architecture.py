@@ -5,7 +5,7 @@ are the folders under parity/; the rules say which rooms each may import:
 
     models     -> models
     graphs     -> graphs, models
-    engine     -> engine, graphs
+    engine     -> engine, graphs, models     (the greedy draft sampling op lives with the other custom ops)
     analysis   -> analysis
     report     -> report, analysis           (renderers render analysis results)
     importers  -> importers, analysis
@@ -43,7 +43,7 @@ OPEN = {"errors", "files", "diagnosis", ""}
 ALLOWED = {
     "models": {"models"},
     "graphs": {"graphs", "models"},
-    "engine": {"engine", "graphs"},
+    "engine": {"engine", "graphs", "models"},
     "analysis": {"analysis"},
     "report": {"report", "analysis"},
     "importers": {"importers", "analysis"},

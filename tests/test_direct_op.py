@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from parity.models import fused_ops
 from parity.models.direct_op import DirectOp, unobserved
+from tests.dispatch_log import Seen
 
 CALLS = []
 
@@ -17,16 +17,6 @@ def _double(x: torch.Tensor) -> torch.Tensor:
 
 
 DOUBLE = DirectOp("parity_test::double", _double)
-
-
-class Seen(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_unobserved_call_runs_the_implementation_without_the_dispatcher():

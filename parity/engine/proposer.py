@@ -16,6 +16,7 @@ import torch
 from parity.engine import rejection, tree_drafter
 from parity.engine.buffers import FREE, ROW, TOKEN, InputBuffers, register_attention_buffers
 from parity.engine.config import EngineConfig
+from parity.models.greedy_draft import greedy_draft, top_gap
 from parity.engine.kv_cache import PagedKVCache
 from parity.engine.metadata import MetadataBuilder, RowPlan
 from parity.engine.owner import Forward, Owner
@@ -221,16 +222,12 @@ class EagleProposer(Owner):
         # NOTE: drafting reduces over the drafter's own vocabulary (EAGLE-3's 32k of Llama 3's 128k ids: every
         # single-row reduction a quarter as long); only the drawn token and draft_probs are in the target's.
         logits = self.own_logits(row_hidden)
-        drawn = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed,
-                                       req_ids=b["req_ids"][:n], positions=self.sampling_positions(drafted_positions))
-        tokens = drawn if self.vocab is None else self.vocab.to_target(drawn)
+        tokens, logprobs, gaps = self._sample(logits, b["req_ids"][:n], self.sampling_positions(drafted_positions))
         probs = self._target_distribution(logits, tokens)
-        all_logprobs = torch.log_softmax(logits, dim=-1)
-        logprobs = all_logprobs.gather(1, drawn.unsqueeze(1))
         column = self.draft_column(n)                                      # [n, 1]
         b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
         b["draft_logprobs"][:n].scatter_(1, column, logprobs)
-        b["draft_gaps"][:n].scatter_(1, column, _top_gap(all_logprobs))
+        b["draft_gaps"][:n].scatter_(1, column, gaps)
         vocab = probs.shape[-1]
         b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
         b["input_ids"][:n].copy_(tokens)
@@ -239,6 +236,18 @@ class EagleProposer(Owner):
     def sampling_positions(self, drafted_positions: torch.Tensor) -> torch.Tensor:
         """What keys the draft sampler's random numbers with the request: the drafted positions."""
         return drafted_positions
+
+    def _sample(self, logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor) -> tuple:
+        """(target tokens [n], their log-probabilities [n, 1], the top-2 log-probability gaps [n, 1]) drawn from the
+        rows' `logits` over the drafter's vocabulary; greedy, one op (`greedy_draft`: one kernel on CUDA)."""
+        cfg = self.config
+        if rejection.is_greedy(cfg.temperature):
+            return greedy_draft(logits, None if self.vocab is None else self.vocab.d2t)
+        drawn = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed, req_ids=req_ids,
+                                       positions=positions)
+        all_logprobs = torch.log_softmax(logits, dim=-1)
+        tokens = drawn if self.vocab is None else self.vocab.to_target(drawn)
+        return tokens, all_logprobs.gather(1, drawn.unsqueeze(1)), top_gap(all_logprobs)
 
     def own_logits(self, row_hidden: torch.Tensor) -> torch.Tensor:
         """The draft distribution's logits for the drafted rows over the drafter's own vocabulary: [n, V_draft]
@@ -272,13 +281,3 @@ class EagleProposer(Owner):
         """The draft step index an MTP head selects its layer by: the `draft_step` buffer, [1] int64."""
         return self.buffers["draft_step"]
 
-
-def _top_gap(logprobs: torch.Tensor) -> torch.Tensor:
-    """The best log-probability minus the second best, per row: [n, V] -> [n, 1].
-
-    The values `topk(2)` gives, in four kernels where its radix select over the vocabulary takes about twenty
-    (the draft step's largest group of small kernels at 8B): the maximum, then the maximum with the first
-    maximum's element masked (a tie for first gives a gap of 0, as topk's does).
-    """
-    best, where = logprobs.max(dim=-1, keepdim=True)
-    return best - logprobs.scatter(-1, where, float("-inf")).amax(dim=-1, keepdim=True)

@@ -1,0 +1,72 @@
+"""A greedy draft step's sampling (`greedy_draft.greedy_draft`) in one Triton kernel.
+
+One program per drafted row walks the row's logits once, in fixed chunks, and
+keeps four running values: the maximum, the index of its first occurrence
+(argmax's), the second-best value (the best of the other entries; equal to
+the maximum on a tie, so the gap is 0 as topk's is) and the sum of
+exp(x - max), rescaled whenever the maximum grows (the online softmax). Then
+the token's log-probability is (max - max) - log(sum), as log_softmax forms it
+for the argmax, and the gap is that minus (second - max) - log(sum).
+
+The chunks and their order are fixed by the vocabulary size alone, and a row
+reads nothing of another: a row's bits are the same in any batch, padded or
+not. Only the CUDA implementation of `greedy_draft.greedy_draft` calls it; the
+module imports triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 4096
+
+
+@triton.jit
+def _greedy_draft_kernel(logits_ptr, row_stride, d2t_ptr, tokens_ptr, logprobs_ptr, gaps_ptr, vocab,
+                         HAS_D2T: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * row_stride
+    cols = tl.arange(0, BLOCK)
+    neg_inf = float("-inf")
+    best = tl.full((), neg_inf, tl.float32)
+    second = tl.full((), neg_inf, tl.float32)
+    best_at = tl.full((), 0, tl.int64)
+    total = tl.full((), 0.0, tl.float32)
+    for start in range(0, vocab, BLOCK):
+        idx = start + cols
+        x = tl.load(base + idx, mask=idx < vocab, other=neg_inf)
+        chunk_best = tl.max(x, axis=0)
+        chunk_at = tl.min(tl.where(x == chunk_best, idx, vocab), axis=0).to(tl.int64)
+        chunk_second = tl.max(tl.where(idx == chunk_at, neg_inf, x), axis=0)
+        # The second best overall: the better of the two seconds, or the worse of the two bests.
+        second = tl.maximum(tl.maximum(second, chunk_second), tl.minimum(best, chunk_best))
+        grows = chunk_best > best        # strictly: a tie keeps the earlier (first) index
+        new_best = tl.maximum(best, chunk_best)
+        shift = tl.where(new_best == neg_inf, 0.0, new_best)
+        total = total * tl.exp(best - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        best_at = tl.where(grows, chunk_at, best_at)
+        best = new_best
+    log_total = tl.log(total)
+    logprob = (best - best) - log_total
+    gap = logprob - ((second - best) - log_total)
+    token = best_at
+    if HAS_D2T:
+        token = best_at + tl.load(d2t_ptr + best_at)
+    tl.store(tokens_ptr + row, token)
+    tl.store(logprobs_ptr + row, logprob)
+    tl.store(gaps_ptr + row, gap)
+
+
+def greedy_draft(logits: torch.Tensor, d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens [n] int64, log-probabilities [n, 1] fp32, top-2 gaps [n, 1] fp32) of `logits` [n, V] fp32."""
+    rows, vocab = logits.shape
+    tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty((rows, 1), dtype=torch.float32, device=logits.device)
+    gaps = torch.empty((rows, 1), dtype=torch.float32, device=logits.device)
+    if rows:
+        _greedy_draft_kernel[(rows,)](logits, logits.stride(0), d2t if d2t is not None else tokens, tokens,
+                                      logprobs, gaps, vocab, HAS_D2T=d2t is not None,
+                                      BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=8)
+    return tokens, logprobs, gaps
