@@ -69,3 +69,24 @@ def test_a_reassigned_projection_is_refused_not_silently_stale():
     mlp.up_proj.weight = torch.nn.Parameter(torch.zeros_like(mlp.up_proj.weight))
     with pytest.raises(RuntimeError, match="changed after they were fused"):
         fused(mlp, ("gate_proj", "up_proj"))
+
+
+def test_draft_heads_project_in_the_row_op_and_the_target_in_cublas():
+    """Which projections `fused_ops.row_linear` takes (on CUDA its few-row kernel): every GEMM of a draft head's
+    forward and logits, none of the target's (its verify replay was slower with them)."""
+    from parity.models.pair import load_pair
+    from tests.dispatch_log import Seen
+
+    pair = load_pair("tiny-llama3-eagle3")
+    ids, positions = torch.tensor([3, 5, 7]), torch.arange(3)
+    with (torch.no_grad(), attention_implementation("sdpa", pair.target.config),
+          attention_implementation("sdpa", pair.head.config)):
+        with Seen() as target_ops:
+            hidden, aux = pair.target(ids, positions, None)
+            pair.target.logits(hidden)
+        with Seen() as head_ops:
+            draft = pair.head(ids, positions, pair.head.fuse_target_hidden(aux), None)
+            pair.head.own_logits(draft)
+    assert "parity.row_linear.default" not in target_ops.ops and "aten.mm.default" in target_ops.ops
+    # q/k/v, o, gate/up, down and the lm_head; the fc fusion runs eagerly outside the drafter's graphs
+    assert head_ops.ops.count("parity.row_linear.default") == 5 and "aten.mm.default" in head_ops.ops

@@ -20,13 +20,33 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, eager_attention_forward
 
 from parity.models import fused_ops
-from parity.models.fused_weights import GATE_UP, QKV, fused
+from parity.models.fused_weights import GATE_UP, QKV, fused, row_kernels
 
 
 def rope_tables(rotary_emb: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's (cos, sin) [T, D] at `positions` [T], in x's dtype (x [T, h])."""
     cos, sin = rotary_emb(x.unsqueeze(0), position_ids=positions.unsqueeze(0))
     return cos[0], sin[0]
+
+
+def linear(layer: nn.Module, x: torch.Tensor, rows: bool = True) -> torch.Tensor:
+    """layer(x) for x [T, K]; `rows` (a draft head's projection) and an nn.Linear: `fused_ops.row_linear`, on CUDA
+    one matrix-vector kernel for up to 32 rows. Any other module (a tensor-parallel linear, a fault's stand-in)
+    runs as itself."""
+    if rows and type(layer) is nn.Linear:
+        return fused_ops.row_linear(x, layer.weight, layer.bias)
+    return layer(x)
+
+
+def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> torch.Tensor:
+    """x through `owner`'s fused projection `names` (q/k/v, gate/up): one GEMM.
+
+    A draft head's in `fused_ops.row_linear`. The target's stay with cuBLAS: its kernels overlap their launch with
+    the kernel before (programmatic dependent launch) and the Triton kernel does not, which across a verify
+    replay's 129 GEMMs cost more than the kernel time it saved (8B, batch 1 on an H100: 6.44-6.50 ms against
+    6.34-6.38)."""
+    weight, bias = fused(owner, names)
+    return (fused_ops.row_linear if row_kernels(owner) else F.linear)(x, weight, bias)
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -66,7 +86,7 @@ def layer_body(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch.T
 def _attention(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta) -> torch.Tensor:
     tokens, head_dim = x.shape[0], attn.head_dim
     heads, kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
-    qkv = F.linear(x, *fused(attn, QKV)).view(tokens, heads + 2 * kv_heads, head_dim)
+    qkv = project(attn, QKV, x).view(tokens, heads + 2 * kv_heads, head_dim)
     # RoPE on q and k at once; v stays a view of the projection's output.
     qk = fused_ops.rope(qkv[:, :heads + kv_heads], cos, sin)
     q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
@@ -77,12 +97,12 @@ def _attention(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta
     extra = {"paged": meta} if meta is not None else {}
     out, _ = interface(attn, q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                        v.transpose(0, 1).unsqueeze(0), None, dropout=0.0, scaling=attn.scaling, **extra)
-    return attn.o_proj(out.reshape(tokens, -1))
+    return linear(attn.o_proj, out.reshape(tokens, -1), row_kernels(attn))
 
 
 def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
-    gate_up = F.linear(x, *fused(mlp, GATE_UP))
+    gate_up = project(mlp, GATE_UP, x)
     if mlp.config.hidden_act == "silu":
-        return mlp.down_proj(fused_ops.silu_and_mul(gate_up))
+        return linear(mlp.down_proj, fused_ops.silu_and_mul(gate_up), row_kernels(mlp))
     gate, up = gate_up.chunk(2, dim=-1)
-    return mlp.down_proj(mlp.act_fn(gate) * up)
+    return linear(mlp.down_proj, mlp.act_fn(gate) * up, row_kernels(mlp))

@@ -17,11 +17,13 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import decoder_layer, rope_tables
+from parity.models.decoder_layer import decoder_layer, linear, rope_tables
 from parity.models.fused_weights import FusedLayers
 
 
 class Eagle1Head(FusedLayers):
+    ROW_KERNELS = True
+
     def __init__(self, config: LlamaConfig, fc_bias: bool = False):
         super().__init__()
         self.config = config
@@ -60,7 +62,7 @@ class Eagle1Head(FusedLayers):
         return features
 
     def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(draft_hidden).float()
+        return linear(self.lm_head, draft_hidden).float()
 
     def decoder_layers(self) -> list[nn.Module]:
         return list(self.layers)

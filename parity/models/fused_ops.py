@@ -91,7 +91,25 @@ def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 silu_and_mul = DirectOp("parity::silu_and_mul", _silu_and_mul)
 
 
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, K] @ weight [N, K].T (+ bias): nn.Linear's forward."""
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+# A draft head's projections: on CUDA up to 32 rows go through `triton_gemv`, which reads the weight at close to the
+# HBM's bandwidth where cuBLAS's kernels for so few rows do not; more rows stay with cuBLAS. The target keeps cuBLAS
+# (`decoder_layer.project`).
+row_linear = DirectOp("parity::row_linear", _linear)
+
+
 if HAS_TRITON:
+    @row_linear.register_kernel("cuda")
+    def _(x, weight, bias):
+        from parity.models import triton_gemv
+        if bias is not None or not triton_gemv.fits(x, weight):
+            return _linear(x, weight, bias)
+        return triton_gemv.gemv(x, weight)
+
     @rms_norm.register_kernel("cuda")
     def _(x, weight, eps):
         if not x.is_contiguous():

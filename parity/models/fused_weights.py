@@ -27,6 +27,7 @@ from torch import nn
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 _ATTR = "_parity_fused"
+_ROWS = "_parity_row_kernels"
 
 
 def fuse(owner: nn.Module, names: tuple[str, ...]) -> None:
@@ -77,11 +78,20 @@ def _still_fused(owner: nn.Module, names: tuple[str, ...]) -> bool:
     return True
 
 
-def fuse_projections(layers) -> None:
-    """Fuse q/k/v and gate/up of every decoder layer in `layers`."""
+def fuse_projections(layers, row_kernels: bool = False) -> None:
+    """Fuse q/k/v and gate/up of every decoder layer in `layers`; `row_kernels`: their projections run in the
+    few-row kernels (`row_kernels`)."""
     for layer in layers:
         fuse(layer.self_attn, QKV)
         fuse(layer.mlp, GATE_UP)
+        for owner in (layer.self_attn, layer.mlp):
+            owner.__dict__[_ROWS] = row_kernels
+
+
+def row_kernels(owner: nn.Module) -> bool:
+    """Whether `owner`'s projections (an attention or MLP module of a fused layer) run in the few-row kernels:
+    a draft head's (`FusedLayers.ROW_KERNELS`)."""
+    return owner.__dict__.get(_ROWS, False)
 
 
 class FusedLayers(nn.Module):
@@ -90,11 +100,15 @@ class FusedLayers(nn.Module):
     Call `fuse_layers()` after replacing the layers' parameters (`load_state_dict(assign=True)`).
     """
 
+    # A draft head forwards one to a few rows per request: its projections run in the few-row kernels
+    # (`fused_ops.row_linear`); the target's stay with cuBLAS.
+    ROW_KERNELS = False
+
     def decoder_layers(self) -> list[nn.Module]:
         raise NotImplementedError
 
     def fuse_layers(self):
-        fuse_projections(self.decoder_layers())
+        fuse_projections(self.decoder_layers(), self.ROW_KERNELS)
         return self
 
     def _apply(self, fn, recurse=True):

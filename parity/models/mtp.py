@@ -42,7 +42,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import decoder_layer, rms_norm, rope_tables
+from parity.models.decoder_layer import decoder_layer, linear, rms_norm, rope_tables
 from parity.models.fused_weights import FusedLayers
 
 DEEPSEEK, QWEN3NEXT = "mtp-deepseek", "mtp-qwen3next"
@@ -61,6 +61,8 @@ class ZeroCentredRMSNorm(LlamaRMSNorm):
 
 
 class MtpHead(FusedLayers):
+    ROW_KERNELS = True
+
     def __init__(self, config: LlamaConfig, layout: str):
         """`config.num_hidden_layers` is the number of MTP layers (the head's KV layers)."""
         super().__init__()
@@ -152,8 +154,9 @@ class MtpHead(FusedLayers):
     def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
         """[n, vocab] fp32 logits of the selected layer's output."""
         if self.layout == QWEN3NEXT:
-            return self.target_lm_head(draft_hidden).float()
-        return self._select([head(norm(draft_hidden)).float() for head, norm in zip(self.heads, self.final_norm)])
+            return linear(self.target_lm_head, draft_hidden).float()
+        return self._select([linear(head, norm(draft_hidden)).float()
+                             for head, norm in zip(self.heads, self.final_norm)])
 
     def decoder_layers(self) -> list[nn.Module]:
         return list(self.blocks)
