@@ -2,8 +2,8 @@
 
 Fast checks: every bug's metadata is valid, its patch touches only parity/engine,
 parity/graphs or parity/models (tests/second_engine for `engine: second`) and
-still applies to this tree, and the grading rules hold on hand-made summaries
-and audit errors. The slow tests grade each bug the way `make bugs` does
+still applies to this tree (an expected source line where the patch puts it),
+and the grading rules hold on hand-made summaries and audit errors. The slow tests grade each bug the way `make bugs` does
 (emulated backend), one test a bug, and require its expected grade: NAMED,
 CLEAN or CAUGHT. A bug marked `known_gap` (what the tool says of it today) is a
 strict expected failure: once the tool gets it right, the mark must go.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,9 +56,22 @@ def test_corpus_has_the_promised_shape():
 
 
 @pytest.mark.parametrize("bug", BUGS, ids=[b.id for b in BUGS])
-def test_patch_applies_to_this_tree(bug):
+def test_patch_applies_to_this_tree(bug, tmp_path):
     done = subprocess.run(["git", "apply", "--check", str(bug.patch)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, f"{bug.patch.name} no longer applies: {done.stderr.strip()}"
+    # An expected source line (CAPTURE_ERROR's "path:N") must be a line the patch adds, where it lands in this tree:
+    # an edit above it moves it, and the grade would call the right answer WRONG.
+    lines = [(path, int(n)) for path, n in (b.rsplit(":", 1) for b in bug.buffers if re.fullmatch(r"\S+\.py:\d+", b))]
+    if lines:
+        for path in {path for path, _ in lines}:
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_text((ROOT / path).read_text())
+        subprocess.run(["git", "apply", str(bug.patch)], cwd=tmp_path, check=True, capture_output=True)
+        added = {line[1:].strip() for line in bug.patch.read_text().splitlines()
+                 if line.startswith("+") and not line.startswith("+++")}
+        for path, n in lines:
+            landed = (tmp_path / path).read_text().splitlines()[n - 1].strip()
+            assert landed in added, f"{bug.id}: line {n} of the patched {path} is {landed!r}, not a line it adds"
 
 
 def _summary(verdicts: dict, diagnoses: dict) -> dict:
