@@ -16,12 +16,12 @@ import torch
 from parity.engine import rejection, tree_drafter
 from parity.engine.buffers import FREE, ROW, TOKEN, InputBuffers, register_attention_buffers
 from parity.engine.config import EngineConfig
-from parity.models.greedy_draft import greedy_draft, top_gap
 from parity.engine.kv_cache import PagedKVCache
 from parity.engine.metadata import MetadataBuilder, RowPlan
 from parity.engine.owner import Forward, Owner
 from parity.engine.tree import DraftTree, select_tree
 from parity.engine.tree_metadata import RowTree, register_tree_buffers
+from parity.models.greedy_draft import greedy_draft, top_gap
 
 
 # What every draft forward writes per row, besides the next step's inputs.

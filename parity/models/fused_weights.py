@@ -78,14 +78,14 @@ def _still_fused(owner: nn.Module, names: tuple[str, ...]) -> bool:
     return True
 
 
-def fuse_projections(layers, row_kernels: bool = False) -> None:
-    """Fuse q/k/v and gate/up of every decoder layer in `layers`; `row_kernels`: their projections run in the
-    few-row kernels (`row_kernels`)."""
+def fuse_projections(layers, rows: bool = False) -> None:
+    """Fuse q/k/v and gate/up of every decoder layer in `layers`; `rows`: their projections run in the few-row
+    kernels (`row_kernels`)."""
     for layer in layers:
         fuse(layer.self_attn, QKV)
         fuse(layer.mlp, GATE_UP)
         for owner in (layer.self_attn, layer.mlp):
-            owner.__dict__[_ROWS] = row_kernels
+            owner.__dict__[_ROWS] = rows
 
 
 def row_kernels(owner: nn.Module) -> bool:

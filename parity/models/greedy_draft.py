@@ -39,21 +39,16 @@ def top_gap(logprobs: torch.Tensor) -> torch.Tensor:
 
 def _torch_greedy_draft(logits: torch.Tensor,
                         d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of `logits` [n, V] fp32: (the argmax as a target id [n] int64, mapped through `d2t` (a draft
+    vocabulary's offsets, [V] int64) when given, its log-softmax [n, 1] fp32, the top-2 log-probability gap
+    [n, 1] fp32)."""
     drawn = logits.argmax(-1)
     tokens = drawn if d2t is None else drawn + d2t[drawn]
     all_logprobs = torch.log_softmax(logits, dim=-1)
     return tokens, all_logprobs.gather(1, drawn.unsqueeze(1)), top_gap(all_logprobs)
 
 
-def _greedy_draft(logits: torch.Tensor,
-                  d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row of `logits` [n, V] fp32: (the argmax as a target id [n] int64, mapped through `d2t` (a draft
-    vocabulary's offsets, [V] int64) when given, its log-softmax [n, 1] fp32, the top-2 log-probability gap
-    [n, 1] fp32)."""
-    return _torch_greedy_draft(logits, d2t)
-
-
-greedy_draft = DirectOp("parity::greedy_draft", _greedy_draft)
+greedy_draft = DirectOp("parity::greedy_draft", _torch_greedy_draft)
 
 
 if HAS_TRITON:
