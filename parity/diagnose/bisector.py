@@ -98,7 +98,7 @@ class Bisector:
             if pre is not None and "graph" not in snaps:
                 # NOTE: the graph run's pre-state is taken once the reference's forward ran, just before its own:
                 # state the two runs share (a workspace of the model both hold) is then what the graph started from.
-                snaps["graph"] = snapshot(graph, pre.meta)
+                snaps["graph"] = snapshot(graph, pre.meta, pre.owner)
             try:
                 ev_g = next(graph_events)
             except StopIteration:
@@ -114,7 +114,7 @@ class Bisector:
                 return self.diagnosis(UNEXPLAINED, [], ev_g, evidence=[
                     "the two runs' schedules parted without a forward's outputs differing first"])
             if ev_g.kind == "pre":
-                snaps, pre = {"ref": snapshot(ref, ev_r.meta)}, ev_g
+                snaps, pre = {"ref": snapshot(ref, ev_r.meta, ev_r.owner)}, ev_g
                 continue
             if ev_g.kind == "step_end":
                 if target_out is not None:

@@ -41,14 +41,16 @@ def state_tensors(engine) -> list[torch.Tensor]:
     return [t for t in tensors + captured if t.untyped_storage().data_ptr() not in foreign]
 
 
-def snapshot(engine, meta) -> dict:
-    """A forward's pre-state: the bytes of its tensors and the metadata's (`Snapshot`: `before(t)` gives any of them
-    as it was), and every owner's host values (a counter the forward advances itself is part of what it starts
-    from)."""
+def snapshot(engine, meta, owner: str) -> dict:
+    """The pre-state of a forward of `owner`: the bytes of every tensor of the engine and of the metadata
+    (`Snapshot`: `before(t)` gives any of them as it was), and the host values of the forward's owner (a counter
+    the forward advances itself is part of what it starts from; walking the other owner's too, at every forward of
+    a lockstep, was a fifth of a diagnosis's time)."""
     fields = {name: getattr(meta, name, None) for name in METADATA_FIELDS}
     fields = {name: t for name, t in fields.items() if isinstance(t, torch.Tensor)}   # as held now: `meta`
+    holder = engine.owner(owner)
     return {"tensors": Snapshot([*state_tensors(engine), *fields.values()]), "meta": fields,
-            "host": {owner.name: (owner, host_state.host_values(owner)) for owner in engine.owners()}}
+            "host": {owner: (holder, host_state.host_values(holder))}}
 
 
 def restore(snap: dict) -> None:

@@ -83,67 +83,89 @@ def roots_of(fn, args: tuple, kwargs: dict, static_inputs: dict | None) -> dict:
     return roots
 
 
-def _opaque(obj) -> bool:
+# What the walk does with an object depends on its type only: classified once per type (`isinstance` on an
+# object whose class overrides `__getattribute__`, as transformers' configs do, calls it for `__class__`).
+_TENSOR, _HOST, _NONE, _OPAQUE, _MODULE, _DATACLASS, _DICT, _SEQUENCE, _OBJECT = range(9)
+_KINDS: dict[type, int] = {}
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _classify(tp: type) -> int:
+    if issubclass(tp, torch.Tensor):
+        return _TENSOR
+    if issubclass(tp, HOST_TYPES):
+        return _HOST
+    if tp is type(None):
+        return _NONE
     # NOTE: enum members are shared singletons: host values themselves, never written into.
-    if isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, type, types.ModuleType,
-                        str, bytes, torch.dtype, torch.device, enum.Enum)):
-        return True
-    module = type(obj).__module__ or ""
+    if issubclass(tp, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, type, types.ModuleType,
+                       bytes, torch.dtype, torch.device)):
+        return _OPAQUE
+    module = tp.__module__ or ""
     # NOTE: the benchmark's workload lives in parity.audit but is user code to the audit.
-    return module.startswith(_OPAQUE_MODULES) and module != "parity.audit.bench"
+    if module.startswith(_OPAQUE_MODULES) and module != "parity.audit.bench":
+        return _OPAQUE
+    if issubclass(tp, torch.nn.Module):
+        return _MODULE
+    if dataclasses.is_dataclass(tp):
+        _FIELDS[tp] = tuple(f.name for f in dataclasses.fields(tp))
+        return _DATACLASS
+    if issubclass(tp, dict):
+        return _DICT
+    if issubclass(tp, (list, tuple)):
+        return _SEQUENCE
+    return _OBJECT
 
 
-def _children(obj):
+def _kind(obj) -> int:
+    tp = type(obj)
+    kind = _KINDS.get(tp)
+    if kind is None:
+        kind = _KINDS[tp] = _classify(tp)
+    return kind
+
+
+def _children(obj, kind: int):
     """(kind, key, child) for every walkable child of `obj`."""
-    if isinstance(obj, torch.nn.Module):
-        for name, p in obj._parameters.items():
-            yield ATTR, name, p
-        for name, b in obj._buffers.items():
-            yield ATTR, name, b
-        for name, m in obj._modules.items():
-            yield ATTR, name, m
-        for name, value in vars(obj).items():
-            if not name.startswith("_"):
-                yield ATTR, name, value
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield ATTR, f.name, getattr(obj, f.name, None)
-    elif isinstance(obj, dict):
-        for key in list(obj)[:MAX_ITEMS]:
-            if isinstance(key, (str, int)):
-                yield ITEM, key, obj[key]
-    elif isinstance(obj, (list, tuple)):
-        for i, value in enumerate(obj[:MAX_ITEMS]):
-            yield ITEM, i, value
-    elif hasattr(obj, "__dict__"):
-        for name, value in vars(obj).items():
-            yield ATTR, name, value
+    if kind == _MODULE:
+        yield from ((ATTR, name, p) for name, p in obj._parameters.items())
+        yield from ((ATTR, name, b) for name, b in obj._buffers.items())
+        yield from ((ATTR, name, m) for name, m in obj._modules.items())
+        yield from ((ATTR, name, value) for name, value in vars(obj).items() if not name.startswith("_"))
+    elif kind == _DATACLASS:
+        yield from ((ATTR, name, getattr(obj, name, None)) for name in _FIELDS[type(obj)])
+    elif kind == _DICT:
+        yield from ((ITEM, key, obj[key]) for key in list(obj)[:MAX_ITEMS] if isinstance(key, (str, int)))
+    elif kind == _SEQUENCE:
+        yield from ((ITEM, i, value) for i, value in enumerate(obj[:MAX_ITEMS]))
+    elif kind == _OBJECT and hasattr(obj, "__dict__"):
+        yield from ((ATTR, name, value) for name, value in vars(obj).items())
 
 
 def walk(roots: dict, max_depth: int = MAX_DEPTH, absent: bool = False):
     """Yield (path, value) for every tensor and host value reachable from `roots`, shortest paths first;
     with `absent`, every attribute or item that holds None too (an input missing, which a graph can bake)."""
     visits: dict[int, int] = {}
-    frontier = [(Path(name), obj, ()) for name, obj in roots.items()]
+    # (root, steps, object, identities of the objects above it): a `Path` is made only for what is yielded.
+    frontier = [(name, (), obj, ()) for name, obj in roots.items()]
     nodes = 0
     while frontier and nodes < MAX_NODES:
         next_frontier = []
-        for path, obj, above in frontier:
+        for root, steps, obj, above in frontier:
             nodes += 1
-            if isinstance(obj, torch.Tensor):
-                yield path, obj
-                continue
-            if (isinstance(obj, HOST_TYPES) or (absent and obj is None)) and path.steps:
-                yield path, obj
+            kind = _kind(obj)
+            if kind == _TENSOR or (steps and (kind == _HOST or (absent and kind == _NONE))):
+                yield Path(root, steps), obj
                 continue
             # NOTE: a back-reference (`self.runner.engine` is `self`) is no name: a path never passes
             # through an object twice, so each object is named from its shortest canonical path.
-            if obj is None or _opaque(obj) or visits.get(id(obj), 0) >= MAX_VISITS or path.depth() >= max_depth \
-                    or id(obj) in above:
+            if kind in (_NONE, _OPAQUE) or (kind == _HOST and isinstance(obj, (str, enum.Enum))) \
+                    or visits.get(id(obj), 0) >= MAX_VISITS or len(steps) >= max_depth or id(obj) in above:
                 continue
             visits[id(obj)] = visits.get(id(obj), 0) + 1
-            for kind, key, child in _children(obj):
-                next_frontier.append((path.child(kind, key), child, above + (id(obj),)))
+            below = above + (id(obj),)
+            next_frontier += [(root, steps + ((step, key),), child, below)
+                              for step, key, child in _children(obj, kind)]
         frontier = next_frontier
 
 
