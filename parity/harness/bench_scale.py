@@ -7,10 +7,11 @@
    graph, else the same forward run eagerly at the graph's padded shape, which
    launches the very kernels the replay does); replay wall time over that GPU
    time (how far launch and sync overhead are gone); and the weight-read floor:
-   the bytes a forward must read from HBM (every target weight but the
-   embedding table for verify; the head's own weights and the lm_head for the
-   drafter) over the measured bandwidth of a large device-to-device copy
-   (read + write counted).
+   the bytes of the weights the FULL graph read (every parameter storage its
+   capture manifest lists, once and whole, but embedding tables, of which a
+   gather reads only its rows; so EAGLE-3's fc, run eagerly before the
+   drafter's graphs, is not counted) over the measured bandwidth of a large
+   device-to-device copy (read + write counted).
 2. A whole run of a scenario in every mode (or a saved run's summary.json):
    wall time, load, capture and run time per mode, analysis; memory per run
    (peak allocated and reserved, leftover) next to the memory plan; each run's
@@ -72,18 +73,25 @@ def gpu_kernels(call, device) -> tuple[int, float]:
 
 
 def weight_bytes(pair) -> dict:
-    """Bytes a verify forward and a drafter forward read from HBM: every target weight but the embedding
-    table (only T rows of it are read); the head's own weights and the lm_head (shared or its own)."""
+    """Bytes of the target's weights and of the head's own (those it does not share with the target)."""
     target = {p.data_ptr(): p.nbytes for p in pair.target.parameters()}
     own = {p.data_ptr(): p.nbytes for p in pair.head.parameters() if p.data_ptr() not in target}
-    draft = sum(own.values())
-    lm_head, embed = pair.head.lm_head.weight, pair.head.embed_tokens.weight
-    if lm_head.data_ptr() not in own:
-        draft += lm_head.nbytes
-    if embed.data_ptr() in own:
-        draft -= embed.nbytes
-    return {"target": sum(target.values()), "head": sum(own.values()),
-            "verify_reads": sum(target.values()) - pair.target.embed_tokens.weight.nbytes, "draft_reads": draft}
+    return {"target": sum(target.values()), "head": sum(own.values())}
+
+
+def weights_read(entry, pair) -> int:
+    """Bytes of the weights one replay of a graph (`entry`) reads: each parameter storage its capture manifest
+    lists, once and whole (a fused q/k/v weight is one storage its three projections view), but the embedding
+    tables (a gather reads only its rows: a few KB)."""
+    tables = {m.weight.untyped_storage().data_ptr() for model in (pair.target, pair.head)
+              for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    storages = {}
+    for item in entry.manifest:
+        if isinstance(item.tensor, torch.nn.Parameter):
+            storage = item.tensor.untyped_storage()
+            if storage.data_ptr() not in tables:
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def scale_forwards(pair, device, batches=(1, 8, 32), iters: int = 20, max_model_len: int = 512,
@@ -93,7 +101,6 @@ def scale_forwards(pair, device, batches=(1, 8, 32), iters: int = 20, max_model_
     Graphs are captured for exactly the batch timed (capture size = batch): six per engine.
     """
     bandwidth = hbm_bandwidth(device)
-    reads = weight_bytes(pair)
     rows = []
     for batch in batches:
         with forward_engines(pair, device, backend, ("eager", "full"), batch, max_model_len,
@@ -108,7 +115,8 @@ def scale_forwards(pair, device, batches=(1, 8, 32), iters: int = 20, max_model_
                     seen, replay_gpu_ms = 0, 0.0
                 kernels, eager_gpu_ms = gpu_kernels(full.eager_at_padded_shape, device)
                 gpu_ms = replay_gpu_ms if seen else eager_gpu_ms
-                floor_ms = (reads["verify_reads"] if phase == "verify" else reads["draft_reads"]) / bandwidth * 1e3
+                read = weights_read(full.executor.entry(full.dispatch), pair)
+                floor_ms = read / bandwidth * 1e3
                 rows.append({
                     "phase": phase, "batch": batch, "runtime": full.dispatch.runtime_mode,
                     "eager_ms": round(medians["eager"] * 1e3, 3),
@@ -116,8 +124,9 @@ def scale_forwards(pair, device, batches=(1, 8, 32), iters: int = 20, max_model_
                     "speedup": round(medians["eager"] / medians["full"], 2),
                     "kernels": kernels, "kernels_seen_in_replay": seen,
                     "gpu_ms": round(gpu_ms, 3), "replay_over_gpu": round(medians["full"] * 1e3 / gpu_ms, 3),
-                    "floor_ms": round(floor_ms, 3), "full_over_floor": round(medians["full"] * 1e3 / floor_ms, 2)})
-    return {"bandwidth_gb_s": round(bandwidth / 1e9, 1), "weights": reads, "max_model_len": max_model_len,
+                    "weights_read": read, "floor_ms": round(floor_ms, 3),
+                    "full_over_floor": round(medians["full"] * 1e3 / floor_ms, 2)})
+    return {"bandwidth_gb_s": round(bandwidth / 1e9, 1), "weights": weight_bytes(pair), "max_model_len": max_model_len,
             "iters": iters, "forwards": rows}
 
 

@@ -24,7 +24,8 @@ def forwards_table(figures: dict) -> Table:
                       f"{r['speedup']:.1f}", kernels, f"{r['gpu_ms']:.2f}", f"{r['replay_over_gpu']:.2f}",
                       f"{r['floor_ms']:.2f}", f"{r['full_over_floor']:.2f}")
     table.caption = ("kernels*: counted on the forward run eagerly at the graph's padded shape (the profiler saw no "
-                     "kernel inside the replay); floor: bytes read / copy bandwidth")
+                     "kernel inside the replay); floor: the weights the graph read (its capture manifest) / copy "
+                     "bandwidth")
     table.caption_justify = "left"
     return table
 
