@@ -19,7 +19,7 @@ import torch
 from parity.diagnose.bisector import bisect_mode
 from parity.diagnose.state import outputs
 from parity.engine.parts import EngineParts
-from parity.engine.proposer import DRAFT_OUTPUTS, EagleProposer
+from parity.engine.proposer import DRAFT_OUTPUTS, SAMPLED_OUTPUTS, EagleProposer
 from parity.engine.spec_decode import SpecDecodeEngine
 from parity.faults.peek import SeesDraftMeta
 from parity.graphs.policy import CapturePolicy
@@ -36,13 +36,28 @@ def test_each_forward_s_outputs_are_what_it_returns_and_every_buffer_it_writes(r
             seen[event.phase] = {**outputs(engine, event), "rows": event.num_rows}
     assert {"logits", "features"} <= set(seen["verify"])
     for phase in ("draft_prefill", "draft_step"):
-        assert {"input_ids", "hidden_states", *DRAFT_OUTPUTS} <= set(seen[phase]), sorted(seen[phase])
+        assert {"input_ids", "hidden_states", *SAMPLED_OUTPUTS} <= set(seen[phase]), sorted(seen[phase])
     # The draft outputs' columns of this engine step so far: the one each forward writes, and the earlier ones
     # it must leave alone (the later ones still hold the previous step's drafts).
     vocab = random_pair[0].config.vocab_size
     prefill, step = seen["draft_prefill"], seen["draft_step"]
     assert prefill["draft_probs"].shape == (prefill["rows"], 1, vocab)
     assert step["draft_tokens"].shape == (step["rows"], 2) and step["draft_probs"].shape == (step["rows"], 2, vocab)
+
+
+def test_greedy_drafting_keeps_no_distribution():
+    """Greedy acceptance compares tokens: nothing reads a drafted distribution, so none is held or written (at 8B it
+    was a [seqs, K, 128256] fp32 buffer, a one-hot fill and a scatter in every draft forward)."""
+    from parity.models.pair import load_pair
+
+    pair = load_pair("tiny-llama3-eagle3")
+    engine = SpecDecodeEngine(pair.target, pair.head, engine_config())
+    drafter = engine.owner("drafter")
+    assert "draft_probs" not in drafter.buffers
+    assert {name for forward in drafter.forwards() for name, _ in forward.writes} == {
+        "input_ids", "hidden_states", *DRAFT_OUTPUTS}
+    result = engine.run(make_specs(2, seed=1, max_tokens=4))
+    assert len(result.drafts) > 0 and result.drafts["draft_logprob"].notna().all()
 
 
 class ProbsAtHostColumn(SeesDraftMeta, EagleProposer):

@@ -57,7 +57,8 @@ def tiny3():
     return load_pair("tiny-llama3-eagle3")
 
 
-@pytest.mark.parametrize("name", ["default", "long-context", "s001-multistep-draft", "long-context-8k", "eagle-tree"])
+@pytest.mark.parametrize("name", ["default", "long-context", "s001-multistep-draft", "long-context-8k", "eagle-tree",
+                                  "s005-sampled-drafts"])
 @pytest.mark.parametrize("head", ["eagle1", "eagle3"])
 def test_kv_cache_and_buffers_are_exactly_what_the_engine_allocates(tiny, tiny3, name, head):
     scenario = load_scenario(ROOT / "scenarios" / f"{name}.yaml")

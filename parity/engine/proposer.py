@@ -24,8 +24,10 @@ from parity.engine.tree_metadata import RowTree, register_tree_buffers
 from parity.models.greedy_draft import greedy_draft, top_gap
 
 
-# What every draft forward writes per row, besides the next step's inputs.
-DRAFT_OUTPUTS = ("draft_tokens", "draft_logprobs", "draft_probs", "draft_gaps")
+# What every draft forward writes per row, besides the next step's inputs; sampled drafting also its distribution
+# (`draft_probs`, which rejection sampling reads; greedy acceptance compares tokens only).
+DRAFT_OUTPUTS = ("draft_tokens", "draft_logprobs", "draft_gaps")
+SAMPLED_OUTPUTS = DRAFT_OUTPUTS + ("draft_probs",)
 
 
 class EagleProposer(Owner):
@@ -52,7 +54,8 @@ class EagleProposer(Owner):
         b.register("draft_step", (1,), torch.int64)
         b.register("draft_tokens", (config.max_num_seqs, k), torch.int64, ROW)
         b.register("draft_logprobs", (config.max_num_seqs, k), torch.float32, ROW)
-        b.register("draft_probs", (config.max_num_seqs, k, vocab), torch.float32, ROW)
+        if not rejection.is_greedy(config.temperature):
+            b.register("draft_probs", (config.max_num_seqs, k, vocab), torch.float32, ROW)
         # top-1 minus top-2 draft logprob: how close a draft was to a tie (numerics reports read it)
         b.register("draft_gaps", (config.max_num_seqs, k), torch.float32, ROW)
         if config.tree:
@@ -74,10 +77,11 @@ class EagleProposer(Owner):
         q = self.config.num_speculative_tokens + 1
         if self.config.tree:
             return self.tree_forwards()
-        writes = tuple((name, ROW) for name in ("input_ids", "hidden_states") + DRAFT_OUTPUTS)
+        drafts = DRAFT_OUTPUTS if rejection.is_greedy(self.config.temperature) else SAMPLED_OUTPUTS
+        writes = tuple((name, ROW) for name in ("input_ids", "hidden_states") + drafts)
         return (Forward("draft_prefill", self.prefill_forward, self.config.max_num_batched_tokens, q, (), writes,
-                        DRAFT_OUTPUTS),
-                Forward("draft_step", self.step_forward, self.config.max_num_seqs, 1, (), writes, DRAFT_OUTPUTS))
+                        drafts),
+                Forward("draft_step", self.step_forward, self.config.max_num_seqs, 1, (), writes, drafts))
 
     def tree_forwards(self) -> tuple[Forward, ...]:
         """A tree's: the draft prefill writes the first frontier, a draft step the next (`tree_drafter`)."""
@@ -223,13 +227,14 @@ class EagleProposer(Owner):
         # single-row reduction a quarter as long); only the drawn token and draft_probs are in the target's.
         logits = self.own_logits(row_hidden)
         tokens, logprobs, gaps = self._sample(logits, b["req_ids"][:n], self.sampling_positions(drafted_positions))
-        probs = self._target_distribution(logits, tokens)
         column = self.draft_column(n)                                      # [n, 1]
         b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
         b["draft_logprobs"][:n].scatter_(1, column, logprobs)
         b["draft_gaps"][:n].scatter_(1, column, gaps)
-        vocab = probs.shape[-1]
-        b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
+        if not rejection.is_greedy(cfg.temperature):
+            probs = self._draft_distribution(logits)
+            vocab = probs.shape[-1]
+            b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
         b["input_ids"][:n].copy_(tokens)
         self.store_hidden(row_hidden, n)
 
@@ -260,12 +265,9 @@ class EagleProposer(Owner):
         logits = self.own_logits(row_hidden)
         return logits if self.vocab is None else self.vocab.logits_to_target(logits)
 
-    def _target_distribution(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """What draft_probs holds: the drafted distribution over the target vocabulary, [n, vocab] fp32; greedy,
-        the one-hot of the drawn target `tokens`."""
-        vocab = self.buffers["draft_probs"].shape[-1]
-        if rejection.is_greedy(self.config.temperature):
-            return rejection.one_hot(tokens, vocab)
+    def _draft_distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """What draft_probs holds when sampling: the drafted distribution over the target vocabulary, [n, vocab]
+        fp32."""
         probs = rejection.draft_distribution(logits, self.config.temperature)
         return probs if self.vocab is None else self.vocab.distribution_to_target(probs)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from parity.models.attention_tiles import plan_tiles, transient_bytes
 
 FP32 = 4
-# Sampling temporaries per drafted row and vocabulary entry, in fp32: logits, log_softmax,
-# the draft distribution, its one-hot or softmax, top-2 (rejection.sample_draft / _emit).
+# Sampling temporaries per drafted row and vocabulary entry, in fp32, at most: logits, log_softmax,
+# the draft distribution, its softmax, top-2 (rejection.sample_draft / _emit; greedy holds fewer).
 DRAFT_SAMPLING_COPIES = 5
 
 

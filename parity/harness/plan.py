@@ -7,7 +7,7 @@ mode needs the weights (loaded once) plus what its own run holds:
   x block_size + 1 trash row) slots each, exactly as `engine/kv_cache.py`
   allocates it;
 - **buffers**: the persistent input buffers of both owners, exactly as
-  registered (the drafter's [max_num_seqs, K, vocab] fp32 distributions dominate);
+  registered (when sampling, the drafter's [max_num_seqs, K, vocab] fp32 distributions dominate);
 - **graphs**: per owner, the pool of its captures: the largest moment of its
   largest captured forward (`activations.py`; graphs of one owner share a
   pool, the drafter's is separate unless shared), plus what PIECEWISE graphs
@@ -195,7 +195,8 @@ class _Shapes:
 
         def attention(tokens: int) -> int:   # register_attention_buffers
             return 8 * (4 * tokens + (R + 1) + R + R * cfg.blocks_per_seq + R)
-        drafter = Td * self.h.hidden * itemsize + 8 * R + 8 + R * K * (8 + 4 + 4) + R * K * self.h.vocab * FP32
+        sampled = R * K * self.h.vocab * FP32 if cfg.temperature > 0 else 0     # draft_probs: only when sampling
+        drafter = Td * self.h.hidden * itemsize + 8 * R + 8 + R * K * (8 + 4 + 4) + sampled
         self.buffers = attention(T) + attention(Td) + drafter + (self._tree(cfg, T, Td, itemsize) if cfg.tree else 0)
 
     def _tree(self, cfg, tokens: int, drafter_tokens: int, itemsize: int) -> int:
