@@ -13,6 +13,7 @@ from parity.graphs.modes import EAGER
 from parity.graphs.modes import MODES as ALL_MODES
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
+ROOT = CORPUS.parents[2]
 # What a patch may touch, per engine: eagle-parity's own engine, or the second engine of the tests.
 PATCHABLE = {"harness": ("parity/engine/", "parity/graphs/", "parity/models/"),
              "second": ("tests/second_engine/",)}
@@ -66,6 +67,38 @@ def patched_files(patch_text: str) -> list[str]:
     return re.findall(r"^diff --git a/(\S+) b/\S+$", patch_text, flags=re.M)
 
 
+def landed_line(patch_text: str, path: str, root: Path = ROOT) -> int | None:
+    """The line number, in this tree's `path` once patched, of the first line the patch adds to it: each hunk's old
+    side is found in the file as it is (as `git apply` finds it, wherever edits above have moved it); None when a
+    hunk's old side is not in the file."""
+    lines = (root / path).read_text().splitlines()
+    section = re.search(rf"^diff --git a/{re.escape(path)} b/.*?(?=^diff --git |\Z)", patch_text, flags=re.M | re.S)
+    shift = 0        # lines added minus removed by the hunks above
+    for hunk in re.split(r"^@@[^\n]*\n", section.group(0) if section else "", flags=re.M)[1:]:
+        body = [line for line in hunk.splitlines() if line[:1] in (" ", "-", "+")]
+        old = [line[1:] for line in body if line[0] != "+"]
+        new = [line for line in body if line[0] != "-"]
+        start = next((i for i in range(len(lines) - len(old) + 1) if lines[i:i + len(old)] == old), None)
+        if start is None:
+            return None
+        added = [i for i, line in enumerate(new) if line[0] == "+"]
+        if added:
+            return start + shift + added[0] + 1
+        shift += len(new) - len(old)
+    return None
+
+
+def _resolve_lines(buffers: list[str], patch_text: str) -> list[str]:
+    """An expected CAPTURE_ERROR source line written "path:+" (the line the patch adds) as "path:N" in this tree."""
+    resolved = []
+    for name in buffers:
+        if name.endswith(".py:+"):
+            n = landed_line(patch_text, name[:-2])
+            name = name if n is None else f"{name[:-2]}:{n}"
+        resolved.append(name)
+    return resolved
+
+
 def _check_modes(meta: dict, engine: str, where: str) -> tuple[list[str], list[str]]:
     if engine == "second":
         if meta.get("modes") or meta.get("clean_modes") or meta.get("scenario"):
@@ -107,7 +140,8 @@ def load_bug(meta_path: Path) -> Bug:
     if not files or any(not f.startswith(PATCHABLE[engine]) for f in files):
         raise ValueError(f"{patch.name}: must touch only {', '.join(PATCHABLE[engine])} (touches {files})")
     return Bug(meta["id"], meta["class"], meta["description"], meta["site"], meta.get("scenario", ""), modes,
-               clean, str(meta.get("seed", "")), expect.get("kind"), list(expect.get("buffers") or []),
+               clean, str(meta.get("seed", "")), expect.get("kind"),
+               _resolve_lines(list(expect.get("buffers") or []), patch.read_text()),
                list(expect.get("may_also_name") or []), list(meta.get("backends") or ["emulated", "cuda"]), patch,
                engine, meta.get("known_gap"), str(meta.get("head") or ""))
 
