@@ -147,7 +147,7 @@ class BlockSpy:
     def callable(self) -> BlockCall | None:
         """The block's callable, rebuilt as (callable, args, kwargs); None when there is no single one."""
         index = self.chosen()
-        return None if index is None else rebuild(*self.calls[index])
+        return None if index is None else rebuild(*self.calls[index], self.frame)
 
     @property
     def host_before(self) -> dict:
@@ -202,8 +202,9 @@ def _host_at_entry(code: types.CodeType, local: dict) -> dict:
     return values_of({"self": local[names[0]]}) if names and names[0] == "self" and "self" in local else {}
 
 
-def rebuild(code: types.CodeType, local: dict) -> BlockCall | None:
-    """A callable and its arguments from a call's code object and its locals at the call."""
+def rebuild(code: types.CodeType, local: dict, caller=None) -> BlockCall | None:
+    """A callable and its arguments from a call's code object and its locals at the call (`caller`: the frame that
+    made the call, whose names may hold the function)."""
     if code in _MODULE_CALLS:
         return BlockCall(local["self"], tuple(local.get("args", ())), dict(local.get("kwargs", {})))
     names = code.co_varnames[:code.co_argcount]
@@ -212,11 +213,22 @@ def rebuild(code: types.CodeType, local: dict) -> BlockCall | None:
         if getattr(getattr(method, "__func__", None), "__code__", None) is code:
             args, kwargs = _arguments(code, local, 1)
             return BlockCall(method, args, kwargs)
-    functions = [f for f in gc.get_referrers(code) if isinstance(f, types.FunctionType) and f.__code__ is code]
+    functions = _named_by(caller, code) or [f for f in gc.get_referrers(code)
+                                            if isinstance(f, types.FunctionType) and f.__code__ is code]
     if len(functions) != 1:
         return None
     args, kwargs = _arguments(code, local, 0)
     return BlockCall(functions[0], args, kwargs)
+
+
+def _named_by(frame, code: types.CodeType) -> list:
+    """The functions of `code` that `frame`'s module holds by name: found without the collector, whose
+    `get_referrers` misses every object `gc.freeze()` set aside (vLLM freezes the collector while it captures its
+    graphs). NOTE: the frame's locals are not read: `f_locals` of a traced frame is written back into it when the
+    trace function returns (before Python 3.13), which would revive a local the block has deleted."""
+    if frame is None:
+        return []
+    return [f for f in frame.f_globals.values() if isinstance(f, types.FunctionType) and f.__code__ is code]
 
 
 def describe(call: BlockCall) -> str:
