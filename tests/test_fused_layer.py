@@ -90,3 +90,44 @@ def test_draft_heads_project_in_the_row_op_and_the_target_in_cublas():
     assert "parity.row_linear.default" not in target_ops.ops and "aten.mm.default" in target_ops.ops
     # q/k/v, o, gate/up, down and the lm_head; the fc fusion runs eagerly outside the drafter's graphs
     assert head_ops.ops.count("parity.row_linear.default") == 5 and "aten.mm.default" in head_ops.ops
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rope", [None, LLAMA3_ROPE], ids=["default", "llama3"])
+def test_rope_tables_are_one_op_and_transformers_table_bit_for_bit(dtype, rope):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from parity.models.decoder_layer import rope_tables
+    from tests.dispatch_log import Seen
+
+    config = LlamaConfig(hidden_size=512, num_attention_heads=4, max_position_embeddings=131072,
+                         **({"rope_parameters": rope} if rope else {}))
+    rotary = LlamaRotaryEmbedding(config).to(dtype)
+    positions = torch.tensor([0, 1, 5, 100, 8191, 70000, 131000])
+    x = torch.zeros(7, 512, dtype=dtype)
+    with torch.no_grad(), Seen() as ops:
+        cos, sin = rope_tables(rotary, x, positions)
+    assert ops.ops == ["parity.rope_table.default"]
+    want_cos, want_sin = rotary(x.unsqueeze(0), position_ids=positions.unsqueeze(0))
+    assert cos.dtype == dtype and torch.equal(cos, want_cos[0]) and torch.equal(sin, want_sin[0])
+
+
+def test_a_dynamic_rope_stays_its_module():
+    """Dynamic RoPE recomputes its frequencies from the positions it is given: the module's own forward runs."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from parity.models.decoder_layer import rope_tables
+    from tests.dispatch_log import Seen
+
+    config = LlamaConfig(hidden_size=512, num_attention_heads=4, max_position_embeddings=64,
+                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    rotary = LlamaRotaryEmbedding(config)
+    positions = torch.arange(100)
+    with torch.no_grad(), Seen() as ops:
+        cos, _ = rope_tables(rotary, torch.zeros(100, 512), positions)
+    assert "parity.rope_table.default" not in ops.ops
+    assert torch.equal(cos, rotary(torch.zeros(1, 100, 512), position_ids=positions.unsqueeze(0))[0][0])

@@ -13,7 +13,9 @@ and every mode the fault does not reach passes with its numerics reported (the c
 seam, every graph mode parted from eager yet passing, is test_three_way_verdict's one run of it). Both
 in fp32: in bf16 the graph pools lay out differently, and shared-pool-alias's
 drafter temporaries then miss the live logits in full and full_decode_only (the
-graphs are bitwise equal to their references there: nothing to find).
+graphs are bitwise equal to their references there: nothing to find). The
+seam's own temporaries move those placements too, so under it a pool alias is
+judged where it shows.
 """
 
 from __future__ import annotations
@@ -80,13 +82,19 @@ def test_fault_is_found_where_it_shows_and_nowhere_else(variant, name):
     fault = FAULTS[name]
     summary = run_cell(variant, name)
     seamed = variant == "numerics"
+    # Pool aliasing shows where the allocator puts a drafter temporary on a live output. The seam's noise adds
+    # [rows, vocab] temporaries to every logits step, which moves those placements: under it a POOL_ALIAS fault is
+    # judged where it shows (named there, and it shows somewhere), not in the modes measured without the seam.
+    placed = seamed and fault.kind == "POOL_ALIAS"
     assert summary["modes"]["eager"]["verdict"] == "pass"
+    if placed:
+        assert any(summary["modes"][mode]["verdict"] == "drift" for mode in GRAPH_MODES), name
     for mode in GRAPH_MODES:
         verdict = summary["modes"][mode]["verdict"]
         diagnosis = summary["diagnoses"].get(mode)
         if mode in fault.manifests_in and fault.kind == "NOT_EXERCISED":
             assert verdict == "not_exercised", f"{name} in {mode}: {verdict}"
-        elif mode in fault.manifests_in:
+        elif mode in fault.manifests_in and not (placed and verdict == "pass"):
             assert verdict == "drift", f"{name} did not show in {mode}"
             assert diagnosis is not None and diagnosis["kind"] == fault.kind, (mode, diagnosis)
             assert set(fault.buffers) <= set(diagnosis["buffers"]), (mode, diagnosis["buffers"])

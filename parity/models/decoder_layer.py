@@ -17,14 +17,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, eager_attention_forward
+from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding,
+                                                      eager_attention_forward)
 
 from parity.models import fused_ops
 from parity.models.fused_weights import GATE_UP, QKV, fused, row_kernels
 
 
 def rope_tables(rotary_emb: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE's (cos, sin) [T, D] at `positions` [T], in x's dtype (x [T, h])."""
+    """RoPE's (cos, sin) [T, D] at `positions` [T], in x's dtype (x [T, h]): one op (`fused_ops.rope_table`) for
+    transformers' Llama RoPE whose frequencies never change (every type but the dynamic ones), any other as its
+    module."""
+    rope_type = getattr(rotary_emb, "rope_type", "")
+    if type(rotary_emb) is LlamaRotaryEmbedding and "dynamic" not in rope_type and rope_type != "longrope":
+        return fused_ops.rope_table(positions, rotary_emb.inv_freq, float(rotary_emb.attention_scaling), x.dtype)
     cos, sin = rotary_emb(x.unsqueeze(0), position_ids=positions.unsqueeze(0))
     return cos[0], sin[0]
 

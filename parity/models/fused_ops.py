@@ -77,6 +77,25 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 rope = DirectOp("parity::rope", _rope)
 
 
+def _torch_rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                      dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # transformers' LlamaRotaryEmbedding.forward (no dynamic update) for one sequence of positions
+    freqs = positions[:, None].float() * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+
+def _rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's (cos, sin) [T, D] in `dtype` at `positions` [T] (int64), from the frequencies `inv_freq` [D / 2] and
+    the attention scaling: eight kernels in torch (the product, the concatenation, cos, sin, two scalings, two
+    casts), one on CUDA."""
+    return _torch_rope_table(positions, inv_freq, scaling, dtype)
+
+
+rope_table = DirectOp("parity::rope_table", _rope_table)
+
+
 def _torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     # LlamaMLP's act_fn(gate) * up, gate and up side by side in x [T, 2I]
     width = x.shape[-1] // 2
@@ -132,6 +151,13 @@ if HAS_TRITON:
             return _torch_rope(x, cos, sin)
         from parity.models import triton_pointwise
         return triton_pointwise.rope(x, cos, sin)
+
+    @rope_table.register_kernel("cuda")
+    def _(positions, inv_freq, scaling, dtype):
+        if not (_is_pow2(inv_freq.shape[0]) and positions.is_contiguous() and inv_freq.is_contiguous()):
+            return _torch_rope_table(positions, inv_freq, scaling, dtype)
+        from parity.models import triton_pointwise
+        return triton_pointwise.rope_table(positions, inv_freq, scaling, dtype)
 
     @silu_and_mul.register_kernel("cuda")
     def _(x):

@@ -91,6 +91,34 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _rope_table_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, scaling, HALF: tl.constexpr):
+    # One program per token: its angle at every frequency, then cos and sin written to both halves of its rows.
+    token = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, HALF)
+    freqs = tl.load(pos_ptr + token).to(tl.float32) * tl.load(inv_ptr + d).to(tl.float32)
+    dtype = cos_ptr.dtype.element_ty
+    cos = (tl.cos(freqs) * scaling).to(dtype)
+    sin = (tl.sin(freqs) * scaling).to(dtype)
+    row = token * 2 * HALF + d
+    tl.store(cos_ptr + row, cos)
+    tl.store(cos_ptr + row + HALF, cos)
+    tl.store(sin_ptr + row, sin)
+    tl.store(sin_ptr + row + HALF, sin)
+
+
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, 2 * len(inv_freq)] in `dtype` at `positions` [T] (both contiguous)."""
+    tokens, half = positions.shape[0], inv_freq.shape[0]
+    cos = torch.empty((tokens, 2 * half), dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    if tokens:
+        _rope_table_kernel[(tokens,)](positions, inv_freq, cos, sin, float(scaling), HALF=half,
+                                      enable_fp_fusion=False)
+    return cos, sin
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, width, BLOCK: tl.constexpr):
     # Program (row, block of columns): x's row holds [gate | up], each `width` wide.
     row = tl.program_id(0).to(tl.int64)
