@@ -17,22 +17,55 @@ from __future__ import annotations
 import dataclasses
 import gc
 import types
+import weakref
 
 MAX_HOPS = 5
+# The object whose __dict__ a dict is, by the dict's id, as a weak reference: found once by a scan of the whole heap
+# (`gc.get_referrers`, 80 ms with torch and transformers loaded), then checked (`owner.__dict__ is d`) at every use.
+# The graphs of one engine sit in the same few dicts: naming each one after the first scans the heap twice, not eight
+# times.
+_OWNERS: dict[int, weakref.ref] = {}
+_MAX_OWNERS = 4096
+
+
+def _owner_of(d: dict):
+    """The object whose __dict__ `d` is, or None (at once for a dict keyed by anything but strings: attribute names
+    are strings, so no object's __dict__ holds graphs by batch size or descriptor)."""
+    if not all(isinstance(key, str) for key in d):
+        return None
+    ref = _OWNERS.get(id(d))
+    owner = ref() if ref is not None else None
+    if owner is not None and getattr(owner, "__dict__", None) is d:
+        return owner
+    owner = next((o for o in gc.get_referrers(d) if getattr(o, "__dict__", None) is d), None)
+    if owner is not None:
+        if len(_OWNERS) >= _MAX_OWNERS:
+            _OWNERS.clear()
+        try:
+            _OWNERS[id(d)] = weakref.ref(owner)
+        except TypeError:       # an object without weak references: found again next time
+            pass
+    return owner
 
 
 def _holders(obj):
     """(holder, step, kind) for each container or object attribute holding `obj`: kind "object" (an
     attribute of an object: a name to stop at), "tuple" (a position beside other values) or "item"."""
-    for ref in gc.get_referrers(obj):
+    return _held_by(obj, gc.get_referrers(obj))
+
+
+def _held_by(obj, refs):
+    """`_holders(obj)` among `refs`, the objects that refer to it (and maybe to others)."""
+    for ref in refs:
         if isinstance(ref, (tuple, list)):
             kind = "tuple" if isinstance(ref, tuple) else "item"
             yield from ((ref, f"[{i}]", kind) for i, x in enumerate(ref) if x is obj)
         elif isinstance(ref, dict):
-            owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
-            for key in [k for k, v in ref.items() if v is obj][:1]:
-                if owners:
-                    yield owners[0], f".{key}", "object"
+            keys = [k for k, v in ref.items() if v is obj][:1]
+            owner = _owner_of(ref) if keys else None
+            for key in keys:
+                if owner is not None:
+                    yield owner, f".{key}", "object"
                 elif not (isinstance(key, str) and key.startswith("_")):
                     yield ref, f"[{key!r}]", "item"
         elif hasattr(ref, "__dict__") and not isinstance(ref, (types.FunctionType, types.ModuleType, type)):
@@ -45,8 +78,9 @@ def _nearest(obj) -> tuple[object, str, int] | None:
     frontier = [(obj, ())]
     for hops in range(1, MAX_HOPS + 1):
         found = []
+        refs = gc.get_referrers(*(held for held, _ in frontier))     # one scan of the heap for the whole hop
         for held, steps in frontier:
-            for holder, step, kind in _holders(held):
+            for holder, step, kind in _held_by(held, refs):
                 path = ((step, kind),) + steps
                 if kind == "object":
                     while path and path[-1][1] == "tuple":
@@ -78,7 +112,7 @@ def key_text(key, keys) -> str:
 def _entry_of(entry) -> tuple[object, str] | None:
     """(the object owning a dict that holds `entry` as a value, the key's text), or None."""
     for ref in gc.get_referrers(entry):
-        if not isinstance(ref, dict) or any(getattr(o, "__dict__", None) is ref for o in gc.get_referrers(ref)):
+        if not isinstance(ref, dict) or _owner_of(ref) is not None:
             continue
         key = next((k for k, v in ref.items() if v is entry), None)
         owner = next((o for o, _, kind in _holders(ref) if kind == "object"), None)
