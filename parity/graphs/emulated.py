@@ -203,16 +203,21 @@ class _Recorder(RegionAware):
                 for t in tensors_in(out):
                     self.pool.track(t)
             return out
-        if kind == FUNCTIONAL and self.pool is not None:
+        # A mutating op's outputs that are none of its arguments (a custom op that writes some and returns others)
+        # are fresh, as a functional op's are; an in-place op returns what it wrote.
+        fresh = [kind == FUNCTIONAL or bool(t.numel() and _storage_ptr(t) not in read) for t in tensors_in(out)]
+        if self.pool is not None and any(fresh):
             # Every fresh output goes to the pool, as on CUDA: strided ones
             # (elementwise ops keep a transposed input's layout) and each
             # tensor of a multi-output op alike.
-            out = tree_map(self._place, out)
+            placing = iter(fresh)
+            out = tree_map(lambda t: self._place(t) if isinstance(t, torch.Tensor) and next(placing) else t, out)
         frozen_args, frozen_kwargs = _freeze_all(args), _freeze_all(kwargs)
-        if kind == MUTATING:
+        if not any(fresh):
             self.ops.append((func, frozen_args, frozen_kwargs, None))
             return out
-        frozen_outs = [_freeze(t) for t in tensors_in(out)]
+        # replay copies each fresh output's new value into the tensor captured (None: an output it wrote in place)
+        frozen_outs = [_freeze(t) if new else None for t, new in zip(tensors_in(out), fresh)]
         if func not in _NO_VALUE_FACTORIES:
             self.ops.append((func, frozen_args, frozen_kwargs, frozen_outs))
         return out
@@ -239,7 +244,8 @@ class EmulatedSegment:
             if outs is None:
                 continue
             for dst, src in zip(outs, tensors_in(result)):
-                dst.copy_(src)
+                if dst is not None:
+                    dst.copy_(src)
 
     @property
     def num_ops(self) -> int:
