@@ -30,6 +30,24 @@ def _logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
     return x
 
 
+WIDTH = 3
+
+
+def _run(x: torch.Tensor, d2t, col: int = 1, outs=None, check: bool = True):
+    """The op on `x`, storing at column `col` of fresh [rows, WIDTH] outputs (or `outs`): (tokens, log-probabilities
+    [rows, 1], gaps [rows, 1]) read back from that column; every other column must still hold its fill."""
+    rows = x.shape[0]
+    if outs is None:
+        outs = (torch.full((rows, WIDTH), -7, dtype=torch.int64, device="cuda"),
+                torch.full((rows, WIDTH), -7.0, device="cuda"), torch.full((rows, WIDTH), -7.0, device="cuda"))
+    column = torch.full((1, 1), col, dtype=torch.int64, device="cuda").expand(rows, 1)
+    returned = greedy_draft(x, d2t, column, *outs)
+    others = [c for c in range(WIDTH) if c != col]
+    assert not check or all(bool((o[:, others] == -7).all()) for o in outs)
+    assert not check or torch.equal(returned, outs[0][:, col])
+    return outs[0][:, col], outs[1][:, col:col + 1], outs[2][:, col:col + 1]
+
+
 def _torch(x: torch.Tensor, d2t):
     drawn = x.argmax(-1)
     lp = torch.log_softmax(x, dim=-1)
@@ -41,7 +59,7 @@ def test_the_kernel_is_argmax_log_softmax_and_top2(vocab):
     for seed in range(12):
         x = _logits(1 + seed % 9, vocab, seed)
         d2t = torch.randint(0, 50, (vocab,), device="cuda") if seed % 2 else None
-        tokens, logprobs, gaps = greedy_draft(x, d2t)
+        tokens, logprobs, gaps = _run(x, d2t, col=seed % WIDTH)
         want_tokens, want_lp, want_gap = _torch(x, d2t)
         assert torch.equal(tokens, want_tokens) and tokens.dtype == torch.int64
         torch.testing.assert_close(logprobs, want_lp, rtol=4e-7, atol=4e-7)
@@ -57,10 +75,12 @@ def test_one_kernel_runs():
 
     x = _logits(8, 32000, 1)
     d2t = torch.zeros(32000, dtype=torch.int64, device="cuda")
-    greedy_draft(x, d2t)
+    _run(x, d2t)
     torch.cuda.synchronize()
+    outs = tuple(torch.zeros((8, WIDTH), dtype=d, device="cuda") for d in (torch.int64, torch.float32, torch.float32))
+    column = torch.ones((8, 1), dtype=torch.int64, device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        greedy_draft(x, d2t)
+        greedy_draft(x, d2t, column, *outs)
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
     assert kernels == ["_greedy_draft_kernel"], kernels
@@ -69,10 +89,10 @@ def test_one_kernel_runs():
 @pytest.mark.parametrize("vocab", (4097, 32000))
 def test_a_rows_bits_do_not_depend_on_the_batch(vocab):
     x = _logits(8, vocab, 2)
-    alone = [greedy_draft(x[i:i + 1].clone(), None) for i in range(8)]
+    alone = [_run(x[i:i + 1].clone(), None) for i in range(8)]
     padded = torch.cat([x, torch.full((5, vocab), float("nan"), device="cuda")])
     padded[9, 7] = float("inf")
-    for batch in (greedy_draft(x, None), greedy_draft(padded, None)):
+    for batch in (_run(x, None), _run(padded, None)):
         for i in range(8):
             assert all(torch.equal(a[i], b[0]) for a, b in zip(batch, alone[i]))
 
@@ -81,14 +101,16 @@ def test_a_graph_replay_gives_the_eager_bits():
     x = _logits(8, 32000, 4)
     d2t = torch.randint(0, 50, (32000,), device="cuda")
     static = x.clone()
-    greedy_draft(static, d2t)       # compile the kernel outside the capture
+    outs = tuple(torch.full((8, WIDTH), -7, dtype=d, device="cuda") for d in (torch.int64, torch.float32,
+                                                                            torch.float32))
+    _run(static, d2t, outs=outs)       # compile the kernel outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = greedy_draft(static, d2t)
+        out = _run(static, d2t, outs=outs, check=False)      # nothing may sync inside a capture
     for seed in (5, 6, 7):
         fresh = _logits(8, 32000, seed)
         static.copy_(fresh)
         graph.replay()
-        eager = greedy_draft(fresh, d2t)
+        eager = _run(fresh, d2t)
         assert all(torch.equal(a, b) for a, b in zip(out, eager))

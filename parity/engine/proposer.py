@@ -195,7 +195,7 @@ class EagleProposer(Owner):
         hidden = self.head(b["input_ids"][:t], positions, b["hidden_states"][:t], meta)
         rows = b["sample_indices"][:num_reqs_padded]
         row_hidden = hidden[rows]
-        self._emit(num_reqs_padded, row_hidden, positions[rows] + 2)
+        self._emit(num_reqs_padded, row_hidden, lambda: positions[rows] + 2)
         return ()
 
     def step_forward(self, num_tokens_padded: int, num_reqs_padded: int, meta) -> tuple:
@@ -213,11 +213,12 @@ class EagleProposer(Owner):
             nodes = hidden[: rows * k]
             tree_drafter.expand(b, k, rows, self.draft_logits(nodes), nodes)
             return ()
-        self._emit(n, hidden[:n], positions[:n] + 2)
+        self._emit(n, hidden[:n], lambda: positions[:n] + 2)
         return ()
 
-    def _emit(self, n: int, row_hidden: torch.Tensor, drafted_positions: torch.Tensor) -> None:
-        """Sample one draft token per row and write the inputs of the next draft step."""
+    def _emit(self, n: int, row_hidden: torch.Tensor, drafted_positions) -> None:
+        """Sample one draft token per row and write the inputs of the next draft step (`drafted_positions()`: the
+        drafted tokens' positions [n], computed only where a sampler keys its random numbers on them)."""
         b = self.buffers
         cfg = self.config
         if cfg.tree:
@@ -226,15 +227,12 @@ class EagleProposer(Owner):
         # NOTE: drafting reduces over the drafter's own vocabulary (EAGLE-3's 32k of Llama 3's 128k ids: every
         # single-row reduction a quarter as long); only the drawn token and draft_probs are in the target's.
         logits = self.own_logits(row_hidden)
-        tokens, logprobs, gaps = self._sample(logits, b["req_ids"][:n], self.sampling_positions(drafted_positions))
-        column = self.draft_column(n)                                      # [n, 1]
-        b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
-        b["draft_logprobs"][:n].scatter_(1, column, logprobs)
-        b["draft_gaps"][:n].scatter_(1, column, gaps)
-        if not rejection.is_greedy(cfg.temperature):
-            probs = self._draft_distribution(logits)
-            vocab = probs.shape[-1]
-            b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
+        if rejection.is_greedy(cfg.temperature):
+            # One op stores the token, its log-probability and top-2 gap at the step's column (one kernel on CUDA).
+            tokens = greedy_draft(logits, None if self.vocab is None else self.vocab.d2t, self.draft_column(n),
+                                  *(b[name][:n] for name in DRAFT_OUTPUTS))
+        else:
+            tokens = self._draw(logits, n, self.sampling_positions(drafted_positions()))
         b["input_ids"][:n].copy_(tokens)
         self.store_hidden(row_hidden, n)
 
@@ -242,17 +240,24 @@ class EagleProposer(Owner):
         """What keys the draft sampler's random numbers with the request: the drafted positions."""
         return drafted_positions
 
-    def _sample(self, logits: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor) -> tuple:
-        """(target tokens [n], their log-probabilities [n, 1], the top-2 log-probability gaps [n, 1]) drawn from the
-        rows' `logits` over the drafter's vocabulary; greedy, one op (`greedy_draft`: one kernel on CUDA)."""
-        cfg = self.config
-        if rejection.is_greedy(cfg.temperature):
-            return greedy_draft(logits, None if self.vocab is None else self.vocab.d2t)
-        drawn = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed, req_ids=req_ids,
+    def _draw(self, logits: torch.Tensor, n: int, positions: torch.Tensor) -> torch.Tensor:
+        """Sampled drafting: each row's token drawn from its `logits` over the drafter's vocabulary, stored with its
+        log-probability, top-2 gap and the drafted distribution at the step's column; returns the target tokens
+        [n]."""
+        cfg, b = self.config, self.buffers
+        drawn = rejection.sample_draft(logits, temperature=cfg.temperature, seed=cfg.seed, req_ids=b["req_ids"][:n],
                                        positions=positions)
         all_logprobs = torch.log_softmax(logits, dim=-1)
         tokens = drawn if self.vocab is None else self.vocab.to_target(drawn)
-        return tokens, all_logprobs.gather(1, drawn.unsqueeze(1)), top_gap(all_logprobs)
+        logprobs, gaps = all_logprobs.gather(1, drawn.unsqueeze(1)), top_gap(all_logprobs)
+        column = self.draft_column(n)                                      # [n, 1]
+        b["draft_tokens"][:n].scatter_(1, column, tokens.unsqueeze(1))
+        b["draft_logprobs"][:n].scatter_(1, column, logprobs)
+        b["draft_gaps"][:n].scatter_(1, column, gaps)
+        probs = self._draft_distribution(logits)
+        vocab = probs.shape[-1]
+        b["draft_probs"][:n].scatter_(1, column.unsqueeze(2).expand(n, 1, vocab), probs.unsqueeze(1))
+        return tokens
 
     def own_logits(self, row_hidden: torch.Tensor) -> torch.Tensor:
         """The draft distribution's logits for the drafted rows over the drafter's own vocabulary: [n, V_draft]

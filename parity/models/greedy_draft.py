@@ -6,8 +6,11 @@ maximum and the maximum with the first one masked (the gap the records keep).
 In torch those are about ten kernels of one row each, and on an 8B draft step
 they and the replay's gaps between them were a fifth of its time. As one
 custom op it is one Triton kernel on CUDA (`triton_greedy_draft`): a program
-per row, one pass over the row. Its torch implementation is the ops the
-proposer ran before, op for op, and the CPU and the emulated backend run it.
+per row, one pass over the row, which also stores the three values at the
+draft step's column of the drafter's output buffers (three scatters fewer).
+Its torch implementation is the ops the proposer ran before, op for op, and
+the CPU and the emulated backend run it; as a capture records it, the op
+writes the three output buffers (`mutates_args`) and returns the tokens.
 
 The two implementations agree on the token (the first maximum, as argmax) and
 on the gap's ties (0); the log-probability and gap are each the same formula
@@ -48,14 +51,33 @@ def _torch_greedy_draft(logits: torch.Tensor,
     return tokens, all_logprobs.gather(1, drawn.unsqueeze(1)), top_gap(all_logprobs)
 
 
-greedy_draft = DirectOp("parity::greedy_draft", _torch_greedy_draft)
+def _torch_greedy_draft_into(logits: torch.Tensor, d2t: torch.Tensor | None, column: torch.Tensor,
+                             tokens_out: torch.Tensor, logprobs_out: torch.Tensor,
+                             gaps_out: torch.Tensor) -> torch.Tensor:
+    """`_torch_greedy_draft`'s three values written at each row's `column` ([n, 1] int64) of the [n, K] outputs
+    `tokens_out`, `logprobs_out` and `gaps_out`; returns the tokens [n] (the next draft step's input ids)."""
+    tokens, logprobs, gaps = _torch_greedy_draft(logits, d2t)
+    tokens_out.scatter_(1, column, tokens.unsqueeze(1))
+    logprobs_out.scatter_(1, column, logprobs)
+    gaps_out.scatter_(1, column, gaps)
+    return tokens
+
+
+greedy_draft = DirectOp("parity::greedy_draft", _torch_greedy_draft_into,
+                        mutates_args=("tokens_out", "logprobs_out", "gaps_out"))
 
 
 if HAS_TRITON:
     @greedy_draft.register_kernel("cuda")
-    def _(logits, d2t):
+    def _(logits, d2t, column, tokens_out, logprobs_out, gaps_out):
+        outs = (tokens_out, logprobs_out, gaps_out)
         if not (logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1 and logits.shape[1]
-                and (d2t is None or (d2t.dtype == torch.int64 and d2t.is_contiguous()))):
-            return _torch_greedy_draft(logits, d2t)
+                and (d2t is None or (d2t.dtype == torch.int64 and d2t.is_contiguous()))
+                and column.dim() == 2 and column.dtype == torch.int64
+                and all(o.dim() == 2 and o.stride(1) == 1 and o.shape == tokens_out.shape for o in outs)
+                and tokens_out.shape[0] == logits.shape[0] and column.shape[0] == logits.shape[0]
+                and tokens_out.dtype == torch.int64
+                and logprobs_out.dtype == gaps_out.dtype == torch.float32):
+            return _torch_greedy_draft_into(logits, d2t, column, tokens_out, logprobs_out, gaps_out)
         from parity.models import triton_greedy_draft
-        return triton_greedy_draft.greedy_draft(logits, d2t)
+        return triton_greedy_draft.greedy_draft(logits, d2t, column, tokens_out, logprobs_out, gaps_out)

@@ -10,8 +10,9 @@ for the argmax, and the gap is that minus (second - max) - log(sum).
 
 The chunks and their order are fixed by the vocabulary size alone, and a row
 reads nothing of another: a row's bits are the same in any batch, padded or
-not. Only the CUDA implementation of `greedy_draft.greedy_draft` calls it; the
-module imports triton.
+not. The values go to the row's `column` of the drafter's [n, K] outputs (the
+three scatters the torch implementation runs). Only the CUDA implementation
+of `greedy_draft.greedy_draft` calls it; the module imports triton.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ BLOCK = 4096
 
 
 @triton.jit
-def _greedy_draft_kernel(logits_ptr, row_stride, d2t_ptr, tokens_ptr, logprobs_ptr, gaps_ptr, vocab,
+def _greedy_draft_kernel(logits_ptr, row_stride, d2t_ptr, column_ptr, column_stride, tokens_ptr, out_tokens_ptr,
+                         tokens_stride, logprobs_ptr, logprobs_stride, gaps_ptr, gaps_stride, vocab, width,
                          HAS_D2T: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
@@ -54,19 +56,25 @@ def _greedy_draft_kernel(logits_ptr, row_stride, d2t_ptr, tokens_ptr, logprobs_p
     token = best_at
     if HAS_D2T:
         token = best_at + tl.load(d2t_ptr + best_at)
+    col = tl.load(column_ptr + row * column_stride)
+    inside = (col >= 0) & (col < width)      # a column past the outputs writes nothing (scatter_ would raise)
     tl.store(tokens_ptr + row, token)
-    tl.store(logprobs_ptr + row, logprob)
-    tl.store(gaps_ptr + row, gap)
+    tl.store(out_tokens_ptr + row * tokens_stride + col, token, mask=inside)
+    tl.store(logprobs_ptr + row * logprobs_stride + col, logprob, mask=inside)
+    tl.store(gaps_ptr + row * gaps_stride + col, gap, mask=inside)
 
 
-def greedy_draft(logits: torch.Tensor, d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens [n] int64, log-probabilities [n, 1] fp32, top-2 gaps [n, 1] fp32) of `logits` [n, V] fp32."""
+def greedy_draft(logits: torch.Tensor, d2t: torch.Tensor | None, column: torch.Tensor, tokens_out: torch.Tensor,
+                 logprobs_out: torch.Tensor, gaps_out: torch.Tensor) -> torch.Tensor:
+    """Of `logits` [n, V] fp32: the tokens [n] int64 (returned, and stored at each row's `column` [n, 1] of
+    `tokens_out` [n, K]), their log-probabilities and top-2 gaps (at the same column of `logprobs_out` and
+    `gaps_out`, [n, K] fp32); every output's last dimension contiguous."""
     rows, vocab = logits.shape
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    logprobs = torch.empty((rows, 1), dtype=torch.float32, device=logits.device)
-    gaps = torch.empty((rows, 1), dtype=torch.float32, device=logits.device)
     if rows:
-        _greedy_draft_kernel[(rows,)](logits, logits.stride(0), d2t if d2t is not None else tokens, tokens,
-                                      logprobs, gaps, vocab, HAS_D2T=d2t is not None,
-                                      BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=8)
-    return tokens, logprobs, gaps
+        _greedy_draft_kernel[(rows,)](logits, logits.stride(0), d2t if d2t is not None else tokens, column,
+                                      column.stride(0), tokens, tokens_out, tokens_out.stride(0), logprobs_out,
+                                      logprobs_out.stride(0), gaps_out, gaps_out.stride(0), vocab, tokens_out.shape[1],
+                                      HAS_D2T=d2t is not None, BLOCK=min(BLOCK, triton.next_power_of_2(vocab)),
+                                      num_warps=8)
+    return tokens
