@@ -48,6 +48,17 @@ def _kernels(call) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_logits_are_the_products_bits_as_float32_in_one_kernel(n, k):
+    for rows in (1, 8, 17, 33):
+        x, w = _pair(rows, n, k, rows)
+        want = fused_ops.row_linear(x, w, None).float()
+        got = fused_ops.row_logits(x, w, None)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+    x, w = _pair(8, 32000, 4096, 1)
+    assert _kernels(lambda: fused_ops.row_logits(x, w, None)) == ["_gemv_kernel"]
+
+
 def test_up_to_32_rows_run_the_kernel_and_more_run_cublas():
     x, w = _pair(33, 4096, 4096, 0)
     assert _kernels(lambda: fused_ops.row_linear(x[:32], w, None)) == ["_gemv_kernel"]

@@ -44,6 +44,14 @@ def linear(layer: nn.Module, x: torch.Tensor, rows: bool = True) -> torch.Tensor
     return layer(x)
 
 
+def float_logits(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """layer(x).float() for x [T, K], a draft head's logits: `fused_ops.row_logits` for an nn.Linear (on CUDA the
+    matrix-vector kernel stores float32 itself), any other module as itself, then cast."""
+    if type(layer) is nn.Linear:
+        return fused_ops.row_logits(x, layer.weight, layer.bias)
+    return layer(x).float()
+
+
 def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> torch.Tensor:
     """x through `owner`'s fused projection `names` (q/k/v, gate/up): one GEMM.
 

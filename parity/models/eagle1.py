@@ -17,7 +17,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import decoder_layer, linear, rope_tables
+from parity.models.decoder_layer import decoder_layer, float_logits, rope_tables
 from parity.models.fused_weights import FusedLayers
 
 
@@ -62,7 +62,7 @@ class Eagle1Head(FusedLayers):
         return features
 
     def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
-        return linear(self.lm_head, draft_hidden).float()
+        return float_logits(self.lm_head, draft_hidden)
 
     def decoder_layers(self) -> list[nn.Module]:
         return list(self.layers)

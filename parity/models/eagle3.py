@@ -37,7 +37,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import layer_body, linear, rms_norm, rope_tables
+from parity.models.decoder_layer import float_logits, layer_body, rms_norm, rope_tables
 from parity.models.fused_weights import FusedLayers
 
 NUM_AUX_LAYERS = 3
@@ -141,7 +141,7 @@ class DraftVocabLMHead(nn.Module):
 
     def draft(self, normed: torch.Tensor) -> torch.Tensor:
         """[N, h] -> [N, V_draft] float logits over the draft vocabulary."""
-        return linear(self.proj, normed).float()
+        return float_logits(self.proj, normed)
 
     def forward(self, normed: torch.Tensor) -> torch.Tensor:
         """[N, h] -> [N, V_target] float logits; target ids outside the draft vocabulary get -inf."""

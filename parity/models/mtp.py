@@ -42,7 +42,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import decoder_layer, linear, rms_norm, rope_tables
+from parity.models.decoder_layer import decoder_layer, float_logits, rms_norm, rope_tables
 from parity.models.fused_weights import FusedLayers
 
 DEEPSEEK, QWEN3NEXT = "mtp-deepseek", "mtp-qwen3next"
@@ -154,8 +154,8 @@ class MtpHead(FusedLayers):
     def logits(self, draft_hidden: torch.Tensor) -> torch.Tensor:
         """[n, vocab] fp32 logits of the selected layer's output."""
         if self.layout == QWEN3NEXT:
-            return linear(self.target_lm_head, draft_hidden).float()
-        return self._select([linear(head, norm(draft_hidden)).float()
+            return float_logits(self.target_lm_head, draft_hidden)
+        return self._select([float_logits(head, norm(draft_hidden))
                              for head, norm in zip(self.heads, self.final_norm)])
 
     def decoder_layers(self) -> list[nn.Module]:

@@ -16,8 +16,9 @@ timed at run time, so every process, every mode and every graph computes the
 same bits for a row whatever else is in a batch of up to 16 rows (or of 17
 to 32).
 
-Only the CUDA implementation of `fused_ops.row_linear` calls it; the module
-imports triton.
+Only the CUDA implementations of `fused_ops.row_linear` and
+`fused_ops.row_logits` (the same product stored as float32, a head's logits
+without the cast kernel after) call it; the module imports triton.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, rows, n, k, x_stride, w_stride, out_stri
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     out_ptrs = out_ptr + offs_m[:, None] * out_stride + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_in & (offs_n[None, :] < n))
+    # Rounded to x's dtype first: an fp32 output holds exactly the 16-bit result, upcast.
+    out = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, out, mask=m_in & (offs_n[None, :] < n))
 
 
 def config(k: int) -> tuple[int, int, int, int]:
@@ -68,11 +71,12 @@ def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.shape[1] == weight.shape[1])
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight [N, K].T -> [M, N] in x's dtype (M <= MAX_ROWS; the rows padded to 16 or 32)."""
+def gemv(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T -> [M, N] in x's dtype (M <= MAX_ROWS; the rows padded to 16 or 32); with
+    `out_dtype` (float32) the same values stored in it, as `.to(out_dtype)` of the product would give them."""
     rows, k = x.shape
     n = weight.shape[0]
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((rows, n), dtype=out_dtype or x.dtype, device=x.device)
     block_m = 16 if rows <= 16 else 32
     block_n, block_k, warps, stages = config(k)
     _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, out, rows, n, k, x.stride(0), weight.stride(0),
