@@ -36,7 +36,8 @@ def test_scale_forwards_rows(pair, monkeypatch):
     rows = figures["forwards"]
     assert [(r["phase"], r["batch"]) for r in rows] == [(p, b) for b in (1, 4)
                                                         for p in ("verify", "draft_prefill", "draft_step")]
-    assert all(r["runtime"] == "full" and r["kernels"] == 7 and r["eager_ms"] > 0 for r in rows)
+    assert all(r["runtime"] == "full" and r["kernels"] == 7 and r["eager_ms"] > 0 and r["queued_ms"] > 0
+               for r in rows)
     # The floor counts the weights each graph read: all of the target's but its embedding table for verify; the
     # head's own and the lm_head (shared with the target here) for the drafter, fc included (EAGLE-1 runs it inside
     # the drafter's graphs).

@@ -42,7 +42,8 @@ from parity.harness.session import run_session
 BATCHES = (1, 8, 32)
 
 
-def _sync(device) -> None:
+def sync(device) -> None:
+    """Wait for `device` (a CUDA device; nothing to wait for on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -120,10 +121,10 @@ def interleaved_medians(prepared: dict[str, Prepared], device, iters: int) -> di
     with torch.no_grad():
         for i in range(iters + 3):
             for mode, forward in prepared.items():
-                _sync(device)
+                sync(device)
                 start = time.perf_counter()
                 forward.call()
-                _sync(device)
+                sync(device)
                 if i >= 3:
                     samples[mode].append(time.perf_counter() - start)
     return {mode: statistics.median(values) for mode, values in samples.items()}

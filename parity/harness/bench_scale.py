@@ -6,7 +6,10 @@
    time (torch.profiler: the replay itself when the profiler sees inside the
    graph, else the same forward run eagerly at the graph's padded shape, which
    launches the very kernels the replay does); replay wall time over that GPU
-   time (how far launch and sync overhead are gone); and the weight-read floor:
+   time (how far launch and sync overhead are gone); the replay queued: the
+   mean of many FULL calls issued back to back with one sync at the end, as a
+   pipelined engine issues its forwards (each call's host work and launch
+   overlapped with the GPU running the one before); and the weight-read floor:
    the bytes of the weights the FULL graph read (every parameter storage its
    capture manifest lists, once and whole, but embedding tables, of which a
    gather reads only its rows; so EAGLE-3's fc, run eagerly before the
@@ -28,7 +31,7 @@ import time
 import torch
 
 from parity.graphs.descriptor import PHASES
-from parity.harness.bench import forward_engines, interleaved_medians, prepare_forward
+from parity.harness.bench import forward_engines, interleaved_medians, prepare_forward, sync
 from parity.harness.session import run_session
 
 COPY_BYTES = 1 << 31
@@ -50,6 +53,21 @@ def hbm_bandwidth(device, nbytes: int = COPY_BYTES, iters: int = 20) -> float:
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes * iters / seconds
+
+
+def queued_ms(call, device, iters: int, repeats: int = 5) -> float:
+    """Milliseconds per `call()` issued `iters` times back to back, one sync at the end; the median of `repeats`."""
+    samples = []
+    with torch.no_grad():
+        call()
+        for _ in range(repeats):
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(iters):
+                call()
+            sync(device)
+            samples.append((time.perf_counter() - start) / iters * 1e3)
+    return sorted(samples)[len(samples) // 2]
 
 
 def device_events(call, device) -> list[tuple[str, float]]:
@@ -109,6 +127,7 @@ def scale_forwards(pair, device, batches=(1, 8, 32), iters: int = 20, max_model_
                 prepared = {mode: prepare_forward(engine, phase, batch) for mode, engine in engines.items()}
                 full = prepared["full"]
                 medians = interleaved_medians(prepared, device, iters)
+                queued = queued_ms(full.call, device, iters)
                 try:
                     seen, replay_gpu_ms = gpu_kernels(full.call, device)
                 except RuntimeError:      # a profiler that cannot trace graph replays
@@ -125,7 +144,8 @@ def scale_forwards(pair, device, batches=(1, 8, 32), iters: int = 20, max_model_
                     "kernels": kernels, "kernels_seen_in_replay": seen,
                     "gpu_ms": round(gpu_ms, 3), "replay_over_gpu": round(medians["full"] * 1e3 / gpu_ms, 3),
                     "weights_read": read, "floor_ms": round(floor_ms, 3),
-                    "full_over_floor": round(medians["full"] * 1e3 / floor_ms, 2)})
+                    "full_over_floor": round(medians["full"] * 1e3 / floor_ms, 2),
+                    "queued_ms": round(queued, 3), "queued_over_floor": round(queued / floor_ms, 2)})
     return {"bandwidth_gb_s": round(bandwidth / 1e9, 1), "weights": weight_bytes(pair), "max_model_len": max_model_len,
             "iters": iters, "forwards": rows}
 

@@ -185,10 +185,11 @@ def report(steps: Steps, summary: Path, bench: Path, injected: dict[str, Path] |
     if bench.is_file():
         forwards = json.loads(bench.read_text()).get("forwards") or {}
         lines += ["", f"forwards (HBM copy {forwards.get('bandwidth_gb_s')} GB/s): phase batch eager_ms full_ms x "
-                      "kernels gpu_ms replay/gpu floor_ms full/floor"]
+                      "kernels gpu_ms replay/gpu floor_ms full/floor queued_ms queued/floor"]
         lines += [f"  {r['phase']:<13} {r['batch']:>3} {r['eager_ms']:8.2f} {r['full_ms']:7.2f} {r['speedup']:5.1f} "
                   f"{r['kernels']:>6} {r['gpu_ms']:7.2f} {r['replay_over_gpu']:5.2f} {r['floor_ms']:7.2f} "
-                  f"{r['full_over_floor']:5.2f}" for r in forwards.get("forwards", [])]
+                  f"{r['full_over_floor']:5.2f} {r.get('queued_ms', float('nan')):8.2f} "
+                  f"{r.get('queued_over_floor', float('nan')):5.2f}" for r in forwards.get("forwards", [])]
     return "\n".join(lines)
 
 
