@@ -2,7 +2,9 @@
 
 `_decode` returns the wrapper's weakly held output sliced instead of cloned; every step's kept logits are
 read after the run, when later replays of the same graph have overwritten them. Truth (docs/bugs.md):
-OUTPUT_ALIASED naming the forward's output. Today the audit reports nothing.
+OUTPUT_ALIASED naming the forward's output: a view kept from an earlier replay of its own graph
+(`parity/audit/kept.py`), seen although the runner replays inside `torch.inference_mode()` (whose exit took the
+watcher's dispatch keys off: `lifetime._Rearm`).
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ def test_kept_logits_part_from_eager(outcome):
     assert not torch.equal(kept, torch.cat(eager[1]))
 
 
-@pytest.mark.xfail(strict=True, reason="redteam: logits held by reference and read after later replays: the audit "
-                                       "reports nothing (expected OUTPUT_ALIASED)")
 def test_kept_logits_are_named_output_aliased(outcome):
     _, session, _ = outcome
     assert session.errors, "nothing found"
     assert {e.kind for e in session.errors} == {"OUTPUT_ALIASED"}, [e.kind for e in session.errors]
+    assert {tuple(e.buffers) for e in session.errors} == {("out",)}, [e.buffers for e in session.errors]
+    assert any("its own next replay" in e.diagnosis["evidence"][0] for e in session.errors)

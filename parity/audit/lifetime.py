@@ -32,10 +32,12 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten
 
-from parity.audit import pool
+from parity.audit import kept, pool
 from parity.audit.capture import cuda_capturing, current_frame
 from parity.audit.infer import NO_KERNEL, not_callable
 from parity.audit.state import Snapshot, bit_equal
@@ -54,7 +56,7 @@ class _Watch:
 _AUDITS: list["weakref.ReferenceType"] = []
 _WATCHES: list[_Watch] = []
 _PENDING: list[tuple] = []             # (A, index, spans, saved, culprit) between before_ and after_replay
-_STATE = {"paused": 0, "pushed": False}
+_STATE = {"paused": 0, "pushed": False, "rearm": False}
 _CLOCK = itertools.count(1)            # orders replays: an audit's `replayed_at` is its last one
 
 
@@ -62,6 +64,7 @@ def register(audit) -> None:
     """At capture: `audit`'s outputs may be overwritten by, and its replays may overwrite, its forward's."""
     _AUDITS[:] = [ref for ref in _AUDITS if ref() is not None and ref() is not audit]
     _AUDITS.append(weakref.ref(audit))
+    kept.watch(audit)
 
 
 def audits() -> list:
@@ -83,10 +86,9 @@ def _clobbered(a, b) -> list[tuple[int, list]]:
 def before_replay(culprit, checked: bool) -> None:
     """Before a replay of `culprit`: the watcher steps aside; on a checked replay, what it may overwrite is saved."""
     _STATE["paused"] += 1
-    if _STATE["pushed"] and _get_current_dispatch_mode() is _WATCHER:
-        _WATCHER.__exit__(None, None, None)
-        _STATE["pushed"] = False
+    _pop()
     _PENDING.clear()
+    kept.before_replay(culprit, checked)
     if not checked:
         return
     forward = pool.forward_of(culprit)
@@ -123,17 +125,42 @@ def after_replay(culprit) -> None:
         else:
             _WATCHES.append(_Watch(weakref.ref(a), index, spans, saved, name))
     _PENDING.clear()
+    kept.after_replay(culprit, culprit.replayed_at)
     culprit.replayed_at = next(_CLOCK)
     _STATE["paused"] -= 1
     # NOTE: only onto an empty stack: a mode the program entered before would, on its exit, pop the watcher.
-    if _WATCHES and not _STATE["pushed"] and not _STATE["paused"] and not torch._C._len_torch_dispatch_stack():
-        _WATCHER.__enter__()
-        _STATE["pushed"] = True
+    if (_WATCHES or kept.wanted()) and not _STATE["pushed"] and not _STATE["paused"] \
+            and not torch._C._len_torch_dispatch_stack():
+        _push()
 
 
 def stop() -> None:
     """Forget every watch and take the watcher off the stack (end of an auto_audit scope)."""
     _WATCHES.clear()
+    kept.stop()
+    _pop()
+
+
+def _push() -> None:
+    """The watcher onto the (empty) dispatch stack; inside `torch.inference_mode()`, its re-arming function mode
+    too (elsewhere nothing takes the watcher's keys off, and a function mode on the stack would make dynamo trace
+    it into compiled code the program runs between replays), onto a function stack holding at most the default
+    device's mode (`torch.set_default_device`, which keeps itself at the bottom)."""
+    _WATCHER.__enter__()
+    _STATE["pushed"] = True
+    stack = torch._C._len_torch_function_stack()
+    if torch.is_inference_mode_enabled() and all(
+            isinstance(torch._C._get_function_stack_at(i), DeviceContext) for i in range(stack)):
+        _REARM.__enter__()
+        _STATE["rearm"] = True
+
+
+def _pop() -> None:
+    """Both off their stacks, each where it is still on top (a mode the program entered since stays)."""
+    stack = torch._C._len_torch_function_stack()
+    if _STATE["rearm"] and stack and torch._C._get_function_stack_at(stack - 1) is _REARM:
+        _REARM.__exit__(None, None, None)
+        _STATE["rearm"] = False
     if _STATE["pushed"] and _get_current_dispatch_mode() is _WATCHER:
         _WATCHER.__exit__(None, None, None)
         _STATE["pushed"] = False
@@ -168,13 +195,21 @@ class _Reads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _STATE["paused"] or not _WATCHES or func.is_view or func._schema.name in NO_KERNEL \
-                or current_frame() is not None or cuda_capturing():
+        if _STATE["paused"] or current_frame() is not None or cuda_capturing():
+            return func(*args, **kwargs)
+        if func.is_view:
+            out = func(*args, **kwargs)
+            kept.tag(args, out)
+            return out
+        if not (_WATCHES or kept.saved()) or func._schema.name in NO_KERNEL:
             return func(*args, **kwargs)
         written = written_tensors(func, args, kwargs)
         reads = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.numel()
                  and not any(t is w for w in written)]
-        found = _hit(reads)
+        # NOTE: a view kept from an earlier replay of its own graph first: what that replay left is what it holds.
+        view = kept.stale(reads)
+        found = _hit(reads) if view is None else (
+            _Watch(weakref.ref(view[0]), view[1], [byte_range(view[3])], view[2], view[0].name), view[3])
         if found is None:
             out = func(*args, **kwargs)
             _written(written)
@@ -202,12 +237,15 @@ def _confirm(watch: _Watch, func, args, kwargs, written):
     finally:
         keep.restore()
     out = func(*args, **kwargs)
-    _WATCHES.remove(watch)
+    _WATCHES[:] = [w for w in _WATCHES if w is not watch]
     if all(bit_equal(a, b) for a, b in zip(as_left, _values(out, written))):
         return out              # NOTE: what it read of the overwritten bytes did not change its result
     name, where = audit.record.output_names[watch.index], _caller()
     audit._report(audit._diagnosis(
         "OUTPUT_ALIASED", [name], captured_address=output.data_ptr(), replays=0, evidence=[
+            f"output {name} of graph {audit.name!r} was written again by its own next replay: called eagerly it "
+            f"returns a new tensor every call, and a view kept of an earlier call's keeps that call's values"
+            if watch.culprit == audit.name else
             f"output {name} of graph {audit.name!r} was overwritten by the replay of {watch.culprit!r} (the same "
             f"forward; its temporaries share the pool), before {audit.name!r} replayed again",
             f"then {func} at {where} read it: whatever read {name} there kept it by reference past that replay; "
@@ -217,4 +255,33 @@ def _confirm(watch: _Watch, func, args, kwargs, written):
     return out
 
 
+_PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
+
+
+class _Rearm(TorchFunctionMode):
+    """Puts the watcher's dispatch keys back where a guard took them off under it.
+
+    The watcher is pushed inside the program's replay call, often inside its
+    `torch.inference_mode()` block; leaving that block restores the thread's
+    dispatch keys as they were on entry, without the keys that route ops to the
+    watcher, which then stays on the stack and sees nothing. At the program's
+    next torch call this mode includes them again.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        # NOTE: nothing while dynamo traces (it would trace the key calls into the compiled code; compiled code
+        # runs outside the watcher anyway).
+        if not torch.compiler.is_compiling():
+            _rearm()
+        return func(*args, **(kwargs or {}))
+
+
+def _rearm() -> None:
+    if _STATE["pushed"] and torch._C._len_torch_dispatch_stack() \
+            and not torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEYS[0]):
+        for key in _PYTHON_KEYS:
+            torch._C._dispatch_tls_set_dispatch_key_included(key, True)
+
+
 _WATCHER = _Reads()
+_REARM = _Rearm()

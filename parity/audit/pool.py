@@ -85,9 +85,16 @@ def link(audit) -> None:
             if forward_of(producer) != forward_of(audit):
                 _SAME_FORWARD[forward_of(audit)] = forward_of(producer)
             break
-    external = reads + [byte_range(t) for t in record.writes.values()]
-    produced = [byte_range(t) for t in record.outputs if t.numel() and not _overlaps(external, *byte_range(t))]
+    produced = [byte_range(record.outputs[i]) for i in produced_outputs(record)]
     _PRODUCED.append((weakref.ref(audit), produced))
+
+
+def produced_outputs(record) -> list[int]:
+    """The indexes of the outputs the capture produced (pool memory): none of the callable's inputs, reads or
+    in-place writes. Called eagerly, the callable returns them fresh every call."""
+    external = ([byte_range(r.tensor) for r in record.roles] + [byte_range(t) for t in record.unnamed]
+                + [byte_range(t) for t in record.writes.values()])
+    return [i for i, t in enumerate(record.outputs) if t.numel() and not _overlaps(external, *byte_range(t))]
 
 
 def graph_produced(t: torch.Tensor) -> bool:
