@@ -37,20 +37,19 @@ from parity.audit.trace import byte_range
 
 _TAGS: dict[int, tuple] = {}      # id(view) -> (view ref, audit ref, output index, the audit's replay clock then)
 _SAVED: dict[int, tuple] = {}     # id(audit) -> (audit ref, replay clock, its outputs as that replay left them)
-_WATCHED: list[tuple] = []        # (audit ref, the indexes of its produced outputs)
+_WATCHED: list[tuple] = []        # (start, end, audit ref, index) of each produced output: a graph's stay put
 
 
 def watch(audit) -> None:
     """At capture: views of `audit`'s produced outputs are tagged from its first replay on."""
-    _WATCHED[:] = [(ref, ix) for ref, ix in _WATCHED if ref() is not None and ref() is not audit]
-    indexes = produced_outputs(audit.record)
-    if indexes:
-        _WATCHED.append((weakref.ref(audit), indexes))
+    _WATCHED[:] = [w for w in _WATCHED if w[2]() is not None and w[2]() is not audit]
+    ref = weakref.ref(audit)
+    _WATCHED.extend((*byte_range(audit.record.outputs[i]), ref, i) for i in produced_outputs(audit.record))
 
 
 def wanted() -> bool:
     """Whether the watcher must see the program's view ops (some audited graph's outputs are watched)."""
-    return any(ref() is not None for ref, _ in _WATCHED)
+    return any(w[2]() is not None for w in _WATCHED)
 
 
 def saved() -> bool:
@@ -121,12 +120,9 @@ def _tag_of(t: torch.Tensor) -> tuple | None:
 def _current(t: torch.Tensor) -> tuple | None:
     """(audit ref, index, its replay clock) of the watched output whose bytes hold all of `t`'s."""
     start, end = byte_range(t)
-    for ref, indexes in _WATCHED:
-        audit = ref()
-        if audit is None or not audit.replayed_at:
-            continue
-        for i in indexes:
-            o0, o1 = byte_range(audit.record.outputs[i])
-            if o0 <= start and end <= o1:
+    for o0, o1, ref, i in _WATCHED:
+        if o0 <= start and end <= o1:
+            audit = ref()
+            if audit is not None and audit.replayed_at:
                 return ref, i, audit.replayed_at
     return None
