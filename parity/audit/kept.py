@@ -53,6 +53,9 @@ def wanted() -> bool:
 
 
 def saved() -> bool:
+    """Whether some live graph's earlier outputs are saved (an audit that died takes its copy with it)."""
+    for key in [k for k, entry in _SAVED.items() if entry[0]() is None]:
+        del _SAVED[key]
     return bool(_SAVED)
 
 
