@@ -12,11 +12,12 @@ after leaving it: the watcher must still see the read.
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import pytest
 import torch
 
-from parity.audit import auto_audit, emulated, lifetime
+from parity.audit import GraphAudit, auto_audit, emulated, lifetime
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -108,3 +109,19 @@ def test_an_output_the_callable_writes_in_place_is_the_same_tensor_eagerly(devic
     with auto_audit(on_mismatch="raise") as session:
         run(kept_across_its_own_replay, body="step_into_buffer", device=device)
     assert session.errors == []
+
+
+def test_the_watcher_leaves_the_stack_when_the_last_audit_dies():
+    """The watcher sees every op the program runs while an audited graph lives: once the graph and its audit are
+    gone (no auto_audit scope ends it for an audit made by hand), nothing is left on the dispatch stack."""
+    gc.collect()      # audits of earlier tests in reference cycles: each takes the watcher off when collected
+    assert not lifetime.audits() and torch._C._len_torch_dispatch_stack() == 0
+    fwd = Forward("cpu")
+    audit = GraphAudit(fwd.step, name="step", on_mismatch="raise")
+    graph = emulated.CUDAGraph()
+    with emulated.graph(graph):
+        audit()
+    graph.replay()
+    assert torch._C._len_torch_dispatch_stack() == 1       # on between replays: views of its output are watched
+    del audit, graph
+    assert torch._C._len_torch_dispatch_stack() == 0

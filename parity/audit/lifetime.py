@@ -63,8 +63,16 @@ _CLOCK = itertools.count(1)            # orders replays: an audit's `replayed_at
 def register(audit) -> None:
     """At capture: `audit`'s outputs may be overwritten by, and its replays may overwrite, its forward's."""
     _AUDITS[:] = [ref for ref in _AUDITS if ref() is not None and ref() is not audit]
-    _AUDITS.append(weakref.ref(audit))
+    _AUDITS.append(weakref.ref(audit, _died))
     kept.watch(audit)
+
+
+def _died(_ref) -> None:
+    """An audit was collected: once no live graph is left to watch for, the watcher comes off (left on, it would
+    see every op the program runs from then on, for nothing)."""
+    _WATCHES[:] = [w for w in _WATCHES if w.audit() is not None]
+    if not _STATE["paused"] and not _WATCHES and not kept.wanted():
+        _pop()
 
 
 def audits() -> list:
