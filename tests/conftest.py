@@ -23,7 +23,7 @@ from parity.models.eagle1 import Eagle1Head
 from parity.models.llama import build_target
 from parity.models.paged_attention import ATTN_IMPLEMENTATION
 
-pytest_plugins = ["budget"]
+pytest_plugins = ["budget", "modes_left"]
 
 # NOTE: the models are tiny; with several threads each op pays OpenMP start-up and,
 # on a busy 2-core machine, spin-wait contention (measured: 23 s vs 0.1 s for the

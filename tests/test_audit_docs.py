@@ -2,7 +2,7 @@
 
 Snippets of one page share a namespace, in page order (the quickstart's second
 uses the first's function). The pytest recipe (a test file) runs through an
-in-process `pytest.main --parity-audit` on a tmp dir: clean it passes; with a
+`pytest --parity-audit` on a tmp dir, forked: clean it passes; with a
 bug planted in the engine it fails. The vLLM conftest imports vLLM: the
 stand-in with its interface is installed under vLLM's module names.
 """
@@ -14,11 +14,11 @@ import sys
 import types
 from pathlib import Path
 
-import pytest
-
+from forked_pytest import pytest_in_fork
 from tests import vllm_standin
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 
 
 def snippets(page: str) -> list[str]:
@@ -36,13 +36,7 @@ def run_recipe(tmp_path: Path, code: str, bugs: tuple) -> int:
     (folder / "conftest.py").write_text(
         "import examples.gpt_fast.engine as engine\n"
         f"engine.Engine.__init__.__defaults__ = ('cpu', (1, 2, 4), True, {bugs!r})\n")
-    try:
-        return pytest.main([str(folder), "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--parity-audit"])
-    finally:
-        import examples.gpt_fast.engine as engine
-        engine.Engine.__init__.__defaults__ = ("cpu", (1, 2, 4), True, ())
-        for name in [m for m in sys.modules if m in ("conftest", "test_recipe")]:
-            del sys.modules[name]
+    return pytest_in_fork([str(folder), "-q", "--parity-audit"], tmp_path / f"{folder.name}.log", cwd=ROOT)[0]
 
 
 def test_every_snippet_of_the_audit_page_runs_as_written(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""`pytest --parity-audit` on an engine's own test suite (examples/audit_suite), run in a subprocess.
+"""`pytest --parity-audit` on an engine's own test suite (examples/audit_suite), run in a forked child.
 
 The suite's tests only check that speculative output equals greedy output,
 which a broken drafter does not change: they pass with the planted bug
@@ -10,14 +10,13 @@ diagnosis in the JUnit XML; the clean engine passes.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+
+from forked_pytest import pytest_in_fork
 
 # NOTE: the module fixture is the expensive part: one xdist worker runs it once.
 pytestmark = pytest.mark.xdist_group("audit_plugin")
@@ -30,27 +29,22 @@ def _plugin_installed() -> bool:
     return any(ep.value.startswith("parity.audit.pytest_plugin") for ep in entry_points(group="pytest11"))
 
 
-def start_suite(tmp_path: Path, bugs: str, audit: bool) -> tuple[subprocess.Popen, Path, Path]:
-    junit = tmp_path / f"junit-{bugs or 'clean'}-{audit}.xml"
-    log = tmp_path / f"out-{bugs or 'clean'}-{audit}.txt"
-    env = {**os.environ, "PARITY_AUDIT_EXAMPLE_BUGS": bugs,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", SUITE, "-p", "no:cacheprovider", "-o", "addopts=", "-rf",
-           f"--junitxml={junit}"]
+def run_suite(tmp_path: Path, bugs: str) -> tuple[int, str, Path]:
+    """`pytest examples/audit_suite --parity-audit` in a forked child: (exit code, output, JUnit XML)."""
+    junit = tmp_path / f"junit-{bugs or 'clean'}.xml"
+    args = [SUITE, "-rf", f"--junitxml={junit}", "--parity-audit"]
     if not _plugin_installed():
-        cmd += ["-p", "parity.audit.pytest_plugin"]
-    if audit:
-        cmd.append("--parity-audit")
-    with open(log, "w") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT), junit, log
+        args += ["-p", "parity.audit.pytest_plugin"]
+    code, output = pytest_in_fork(args, tmp_path / f"out-{bugs or 'clean'}.txt", cwd=ROOT,
+                                  env={"PARITY_AUDIT_EXAMPLE_BUGS": bugs})
+    return code, output, junit
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """Both runs of the suite at once (they are independent processes): {bugs: (returncode, output, junit)}."""
+    """The suite with the planted bug and without it, one after the other: {bugs: (exit code, output, junit)}."""
     tmp_path = tmp_path_factory.mktemp("audit_suite")
-    started = {bugs: start_suite(tmp_path, bugs, audit=True) for bugs in ("frozen", "")}
-    return {bugs: (proc.wait(timeout=600), log.read_text(), junit) for bugs, (proc, junit, log) in started.items()}
+    return {bugs: run_suite(tmp_path, bugs) for bugs in ("frozen", "")}
 
 
 def test_planted_bug_fails_the_suite_with_the_panel(runs):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from forked_pytest import pytest_in_fork
 from parity.audit import AuditSession, GraphAudit, auto_audit, emulated
 from parity.audit.auto import CaptureNotAudited
 from parity.audit.options import AuditConfigError
@@ -126,9 +127,9 @@ def test_the_plugin_entry_point_has_the_module_name_so_dash_p_loads_it_once(tmp_
     (tmp_path / "test_probe.py").write_text("def test_probe(graph_audit):\n    assert graph_audit.errors == []\n")
     # NOTE: `no:parity_audit` blocks the entry point of an install made before it was renamed.
     for extra in ([], ["-p", "parity.audit.pytest_plugin"]):
-        code = pytest.main([str(tmp_path / "test_probe.py"), "-q", "-p", "no:cacheprovider", "-p", "no:parity_audit",
-                            "-o", "addopts=", *extra])
-        assert code == 0, extra
+        code, output = pytest_in_fork([str(tmp_path / "test_probe.py"), "-q", "-p", "no:parity_audit", *extra],
+                                      tmp_path / "probe.log")
+        assert code == 0, (extra, output[-2000:])
 
 
 def test_a_descriptor_key_is_shown_by_the_fields_that_tell_the_keys_apart():
