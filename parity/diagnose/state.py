@@ -24,20 +24,24 @@ def state_tensors(engine) -> list[torch.Tensor]:
     reading and writing the orphan, so a forward's pre-state includes it), and the tensors other than weights
     the graphs read through an owner's attributes."""
     tensors = [t for owner in engine.owners() for t in owner.state_tensors()]
-    captured = []
+    captured, paths = {}, {}
     for owner in engine.owners():
         for entry in getattr(owner.executor, "graphs", {}).values():
             for item in entry.manifest:
                 if item.holder == "object":
                     # Weights are never written by a forward (and at 8B a copy is 16 GB): only the other
-                    # tensors an owner keeps, as captured and as the attribute holds them now.
-                    live = live_object_tensor(item, owner)
-                    captured += [t for t in (item.tensor, live)
-                                 if t is not None and not isinstance(t, torch.nn.Parameter)]
+                    # tensors an owner keeps, as captured and as the attribute holds them now (each attribute
+                    # path once: every graph of the owner names the same ones).
+                    captured[id(item.tensor)] = item.tensor
+                    paths.setdefault((id(owner), item.path), (item, owner))
                 elif item.tensor is not None:
-                    captured.append(item.tensor)
+                    captured[id(item.tensor)] = item.tensor
+    for item, owner in paths.values():
+        live = live_object_tensor(item, owner)
+        captured[id(live)] = live
     foreign = peer_memory()       # under TP: another rank's memory is that rank's state, not this one's
     # A `Snapshot` saves each storage once, whichever view reaches it.
+    captured = [t for t in captured.values() if t is not None and not isinstance(t, torch.nn.Parameter)]
     return [t for t in tensors + captured if t.untyped_storage().data_ptr() not in foreign]
 
 

@@ -28,14 +28,17 @@ def host_values(holder) -> dict[Path, object]:
 
 def values_of(roots: dict) -> dict[Path, object]:
     """Every host value reachable from `roots` ({name: object}), by path (shortest paths first)."""
-    values = {}
+    values, parents = {}, {}
     for path, value in walk(roots, max_depth=OBJECT_DEPTH):
         if not isinstance(value, HOST_TYPES):
             continue
         if path.steps[-1][0] == ITEM:
-            # NOTE: a tuple cannot be written item by item: it is one value, set by its holder.
+            # NOTE: a tuple cannot be written item by item: it is one value, set by its holder. Its items come
+            # one after another: the holder is resolved once (through a model config's slow getattr).
             parent_path = Path(path.root, path.steps[:-1])
-            parent = resolve(parent_path, roots)
+            parent = parents.get(parent_path, MISSING)
+            if parent is MISSING:
+                parent = parents[parent_path] = resolve(parent_path, roots)
             if isinstance(parent, tuple):
                 if len(parent) <= MAX_TUPLE and all(isinstance(v, HOST_TYPES) for v in parent):
                     values[parent_path] = parent
