@@ -27,6 +27,14 @@ EXPECTED = {"stale_context_lens": ("STALE_BUFFER", "context_lens"),
             "rebound_slot_mapping": ("BUFFER_REASSIGNED", "slot_mapping")}
 
 
+@pytest.fixture(autouse=True)
+def no_default_device_left():
+    """nano-vllm's runner exits with `torch.set_default_device("cpu")` still set (upstream): a function mode that
+    every later tensor factory of this worker would go through. Each test takes it off."""
+    yield
+    torch.set_default_device(None)
+
+
 def _run(bug=None, audited=True, padded=False):
     pytest.importorskip("transformers")
     pytest.importorskip("safetensors")
