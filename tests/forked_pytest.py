@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ def pytest_in_fork(args: list[str], log: Path, cwd: Path | None = None, env: dic
             os.dup2(out, 2)
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
             code = int(pytest.main(["--import-mode=importlib", "-p", "no:cacheprovider", "-o", "addopts=", *args]))
+        except BaseException:    # noqa: BLE001 - the log is all the parent sees of the child
+            traceback.print_exc()
         finally:
             sys.stdout.flush()
             os._exit(code)

@@ -13,9 +13,7 @@ import gc
 import pytest
 import torch
 
-_BEFORE = pytest.StashKey[tuple]()
-_LAST = pytest.StashKey[bool]()
-_MODULE: dict = {}
+_MODULE: dict = {}       # the module running now: its path, the stacks before its fixtures, whether it ends
 
 
 def _stacks() -> tuple[list[str], list[str]]:
@@ -32,22 +30,23 @@ def _grew(before, after) -> bool:
 def pytest_runtest_setup(item):
     if _MODULE.get("path") != item.path:      # NOTE: before this module's fixtures are set up
         _MODULE.update(path=item.path, before=_stacks())
-    item.stash[_BEFORE] = _MODULE["before"]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item, nextitem):
-    item.stash[_LAST] = nextitem is None or nextitem.path != item.path
+    _MODULE["ends"] = nextitem is None or nextitem.path != item.path
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if call.when != "teardown" or not item.stash.get(_LAST, False) or not report.passed:
+    if call.when != "teardown" or not _MODULE.get("ends") or _MODULE.get("path") != item.path:
         return
+    before, after = _MODULE.pop("before"), _stacks()
     _MODULE.clear()
-    before, after = item.stash[_BEFORE], _stacks()
+    if not report.passed:
+        return
     if _grew(before, after):
         gc.collect()      # NOTE: an audit in a reference cycle takes the audit's watcher off when it is collected
         after = _stacks()
