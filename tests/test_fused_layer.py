@@ -88,9 +88,11 @@ def test_draft_heads_project_in_the_row_op_and_the_target_in_cublas():
             draft = pair.head(ids, positions, pair.head.fuse_target_hidden(aux), None)
             pair.head.own_logits(draft)
     assert "parity.row_linear.default" not in target_ops.ops and "aten.mm.default" in target_ops.ops
-    # q/k/v, o, gate/up and down, then the lm_head with its cast to float32 as one op; the fc fusion runs eagerly
-    # outside the drafter's graphs
-    assert head_ops.ops.count("parity.row_linear.default") == 4 and "aten.mm.default" in head_ops.ops
+    # q/k/v, o and gate/up, down with the residual add, then the lm_head with its cast to float32 as one op; the fc
+    # fusion runs eagerly outside the drafter's graphs
+    assert head_ops.ops.count("parity.row_linear.default") == 3 and "aten.mm.default" in head_ops.ops
+    assert head_ops.ops.count("parity.row_linear_add.default") == 1 and "aten.add.Tensor" not in head_ops.ops
+    assert head_ops.ops.count("parity.rms_norm_pair.default") == 1 and "aten.cat.default" not in head_ops.ops
     assert head_ops.ops.count("parity.row_logits.default") == 1 and "aten._to_copy.default" not in head_ops.ops
 
 

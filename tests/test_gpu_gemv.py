@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from parity.models import fused_ops
+from tests.cuda_kernels import kernels
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -36,18 +37,6 @@ def test_the_kernel_is_cublas_within_bf16_rounding(n, k):
         torch.testing.assert_close(fused_ops.row_linear(x, w, None).float(), exact, **tolerance)
 
 
-def _kernels(call) -> list[str]:
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
-
-
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_logits_are_the_products_bits_as_float32_in_one_kernel(n, k):
     for rows in (1, 8, 17, 33):
@@ -56,15 +45,15 @@ def test_logits_are_the_products_bits_as_float32_in_one_kernel(n, k):
         got = fused_ops.row_logits(x, w, None)
         assert got.dtype == torch.float32 and torch.equal(got, want)
     x, w = _pair(8, 32000, 4096, 1)
-    assert _kernels(lambda: fused_ops.row_logits(x, w, None)) == ["_gemv_kernel"]
+    assert kernels(lambda: fused_ops.row_logits(x, w, None)) == ["_gemv_kernel"]
 
 
 def test_up_to_32_rows_run_the_kernel_and_more_run_cublas():
     x, w = _pair(33, 4096, 4096, 0)
-    assert _kernels(lambda: fused_ops.row_linear(x[:32], w, None)) == ["_gemv_kernel"]
-    assert "_gemv_kernel" not in _kernels(lambda: fused_ops.row_linear(x, w, None))
+    assert kernels(lambda: fused_ops.row_linear(x[:32], w, None)) == ["_gemv_kernel"]
+    assert "_gemv_kernel" not in kernels(lambda: fused_ops.row_linear(x, w, None))
     bias = torch.zeros(4096, dtype=torch.bfloat16, device="cuda")
-    assert "_gemv_kernel" not in _kernels(lambda: fused_ops.row_linear(x[:1], w, bias))
+    assert "_gemv_kernel" not in kernels(lambda: fused_ops.row_linear(x[:1], w, bias))
 
 
 @pytest.mark.parametrize("n,k", SHAPES[:3])

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from parity.models.greedy_draft import greedy_draft, top_gap
+from tests.cuda_kernels import kernels
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -62,28 +63,21 @@ def test_the_kernel_is_argmax_log_softmax_and_top2(vocab):
         tokens, logprobs, gaps = _run(x, d2t, col=seed % WIDTH)
         want_tokens, want_lp, want_gap = _torch(x, d2t)
         assert torch.equal(tokens, want_tokens) and tokens.dtype == torch.int64
-        torch.testing.assert_close(logprobs, want_lp, rtol=4e-7, atol=4e-7)
-        torch.testing.assert_close(gaps, want_gap, rtol=4e-7, atol=4e-7)
+        # a few float32 steps of the log of the row's sum, which both values are formed from
+        steps = 4 * torch.finfo(torch.float32).eps * float(torch.logsumexp(x, -1).abs().max().clamp(min=1))
+        torch.testing.assert_close(logprobs, want_lp, rtol=0, atol=steps)
+        torch.testing.assert_close(gaps, want_gap, rtol=0, atol=steps)
         top = x.topk(2, dim=-1).values
         tied = top[:, 0] == top[:, 1]
         assert torch.equal(gaps[tied], torch.zeros_like(gaps[tied]))
 
 
 def test_one_kernel_runs():
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     x = _logits(8, 32000, 1)
     d2t = torch.zeros(32000, dtype=torch.int64, device="cuda")
-    _run(x, d2t)
-    torch.cuda.synchronize()
     outs = tuple(torch.zeros((8, WIDTH), dtype=d, device="cuda") for d in (torch.int64, torch.float32, torch.float32))
     column = torch.ones((8, 1), dtype=torch.int64, device="cuda")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        greedy_draft(x, d2t, column, *outs)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
-    assert kernels == ["_greedy_draft_kernel"], kernels
+    assert kernels(lambda: greedy_draft(x, d2t, column, *outs)) == ["_greedy_draft_kernel"]
 
 
 @pytest.mark.parametrize("vocab", (4097, 32000))

@@ -5,7 +5,8 @@ The same weights and the same math as transformers' `LlamaDecoderLayer`
 and gate/up are one GEMM each (`fused_weights`), RoPE rotates q and k in
 one op, and the residual add of one layer is fused with the norm of the
 next (`add_rms_norm`), so a layer hands on (its output, the residual) and
-the caller adds them when it needs the hidden state itself. On CUDA a
+the caller adds them when it needs the hidden state itself (a draft head's
+down projection adds its residual itself, `layer_output`). On CUDA a
 layer is then about 13 kernels (its four weight GEMMs among them) where
 transformers' modules launch about 60. The draft heads run their layers
 here too (`decoder_layer`, `rms_norm`), each with its own input arrangement.
@@ -70,11 +71,26 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return norm(x)
 
 
+def rms_norm_pair(norm_a: nn.Module, a: torch.Tensor, norm_b: nn.Module, b: torch.Tensor) -> torch.Tensor:
+    """cat(norm_a(a), norm_b(b)) for a and b [T, h]: one op for two of transformers' RMSNorms of one epsilon."""
+    if type(norm_a) is LlamaRMSNorm and type(norm_b) is LlamaRMSNorm and norm_a.variance_epsilon == \
+            norm_b.variance_epsilon:
+        return fused_ops.rms_norm_pair(a, norm_a.weight, b, norm_b.weight, norm_a.variance_epsilon)
+    return torch.cat((rms_norm(norm_a, a), rms_norm(norm_b, b)), dim=-1)
+
+
 def decoder_layer(layer: LlamaDecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   meta) -> torch.Tensor:
     """One whole layer on its input x [T, h] (the input norm the layer has, even nn.Identity): its output [T, h]."""
-    out, residual = layer_body(layer, rms_norm(layer.input_layernorm, x), x, cos, sin, meta)
-    return residual + out
+    return layer_output(layer, rms_norm(layer.input_layernorm, x), x, cos, sin, meta)
+
+
+def layer_output(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, meta) -> torch.Tensor:
+    """`layer_body`'s two results summed: the layer's output [T, h] (a draft head's down projection adds the
+    residual itself: `_mlp`)."""
+    normed, residual = _attention_block(layer, normed, residual, cos, sin, meta)
+    return _mlp(layer.mlp, normed, residual)
 
 
 def norm_input(layer: LlamaDecoderLayer, hidden: torch.Tensor,
@@ -89,12 +105,19 @@ def norm_input(layer: LlamaDecoderLayer, hidden: torch.Tensor,
 def layer_body(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and MLP of one layer on its normed input: (mlp output, residual); their sum is the layer's output."""
+    normed, residual = _attention_block(layer, normed, residual, cos, sin, meta)
+    return _mlp(layer.mlp, normed), residual
+
+
+def _attention_block(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's attention (or recurrent mixer) and the residual add with the post-attention norm: (the MLP's
+    normed input, the residual)."""
     mixer = layer.self_attn
     # A hybrid target's recurrent layers (`recurrent.RecurrentMixer`) mix over their state slots instead.
     attn_out = mixer.mix(normed, meta) if hasattr(mixer, "mix") else _attention(mixer, normed, cos, sin, meta)
     post = layer.post_attention_layernorm
-    normed, residual = fused_ops.add_rms_norm(attn_out, residual, post.weight, post.variance_epsilon)
-    return _mlp(layer.mlp, normed), residual
+    return fused_ops.add_rms_norm(attn_out, residual, post.weight, post.variance_epsilon)
 
 
 def _attention(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta) -> torch.Tensor:
@@ -114,9 +137,18 @@ def _attention(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta
     return linear(attn.o_proj, out.reshape(tokens, -1), row_kernels(attn))
 
 
-def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+def _mlp(mlp, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The MLP's output on x [T, h]; with `residual`, residual + that output (a draft head's down projection adds it
+    before its store: `fused_ops.row_linear_add`, on CUDA no add kernel of its own)."""
     gate_up = project(mlp, GATE_UP, x)
     if mlp.config.hidden_act == "silu":
-        return linear(mlp.down_proj, fused_ops.silu_and_mul(gate_up), row_kernels(mlp))
-    gate, up = gate_up.chunk(2, dim=-1)
-    return linear(mlp.down_proj, mlp.act_fn(gate) * up, row_kernels(mlp))
+        act = fused_ops.silu_and_mul(gate_up)
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = mlp.act_fn(gate) * up
+    down, rows = mlp.down_proj, row_kernels(mlp)
+    if residual is None:
+        return linear(down, act, rows)
+    if rows and type(down) is nn.Linear and down.bias is None:
+        return fused_ops.row_linear_add(act, down.weight, residual)
+    return residual + linear(down, act, rows)

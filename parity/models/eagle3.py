@@ -20,8 +20,9 @@ EAGLE-1 graphs do, and the draft decode steps (whose hidden input is the head's
 own output) need no fc at all. vLLM splits it the same way (`combine_hidden_states`).
 
 `forward` (the engine's, [T, h]) runs the layer in the target's fused ops (`decoder_layer`:
-one q/k/v GEMM over the 2h concat, one gate/up GEMM, the residual add fused with the
-post-attention norm); `layer_forward` ([B, T, h], what training runs) runs the modules,
+both input norms and their concat as one op, one q/k/v GEMM over the 2h concat, one gate/up
+GEMM, the residual add fused with the post-attention norm, the down projection adding the last
+residual itself); `layer_forward` ([B, T, h], what training runs) runs the modules,
 transformers' math, which the fused path equals bit for bit on the CPU.
 
 Checkpoint keys: `midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`,
@@ -37,7 +38,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import float_logits, layer_body, rms_norm, rope_tables
+from parity.models.decoder_layer import float_logits, layer_output, rms_norm, rms_norm_pair, rope_tables
 from parity.models.fused_weights import FusedLayers
 
 NUM_AUX_LAYERS = 3
@@ -101,11 +102,10 @@ class Eagle3DecoderLayer(nn.Module):
     def fused_forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                       meta) -> torch.Tensor:
         """`forward` in the fused ops: [T, h] embeds and hidden, RoPE's [T, D] cos/sin -> [T, h]."""
-        normed = rms_norm(self.hidden_norm, hidden)
-        residual = normed if self.norm_before_residual else hidden
-        x = torch.cat((rms_norm(self.input_layernorm, embeds), normed), dim=-1)
-        out, residual = layer_body(self, x, residual, cos, sin, meta)
-        return residual + out
+        # Both norms and their concat as one op (one kernel on CUDA); the normed hidden input is its right half.
+        x = rms_norm_pair(self.input_layernorm, embeds, self.hidden_norm, hidden)
+        residual = x[:, hidden.shape[-1]:] if self.norm_before_residual else hidden
+        return layer_output(self, x, residual, cos, sin, meta)
 
 
 class DraftVocabLMHead(nn.Module):

@@ -44,6 +44,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 rms_norm = DirectOp("parity::rms_norm", _rms_norm)
 
 
+def _rms_norm_pair(a: torch.Tensor, weight_a: torch.Tensor, b: torch.Tensor, weight_b: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """[RMSNorm(a) | RMSNorm(b)] for a and b [T, h]: [T, 2h] (EAGLE-3's two input norms and their concat)."""
+    return torch.cat((_torch_rms_norm(a, weight_a, eps), _torch_rms_norm(b, weight_b, eps)), dim=-1)
+
+
+rms_norm_pair = DirectOp("parity::rms_norm_pair", _rms_norm_pair)
+
+
 def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(residual + x), residual + x): a layer's residual add and the norm after it."""
@@ -121,6 +130,15 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 row_linear = DirectOp("parity::row_linear", _linear)
 
 
+def _linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + x @ weight.T: a layer's last projection and the residual add after it."""
+    return residual + _linear(x, weight, None)
+
+
+# A draft head layer's down projection with its residual: on CUDA the matrix-vector kernel adds it before the store.
+row_linear_add = DirectOp("parity::row_linear_add", _linear_add)
+
+
 def _logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`_linear(...).float()`: a draft head's lm_head and its cast to float32 as one op."""
     return _linear(x, weight, bias).float()
@@ -138,6 +156,14 @@ if HAS_TRITON:
             return _linear(x, weight, bias)
         return triton_gemv.gemv(x, weight)
 
+    @row_linear_add.register_kernel("cuda")
+    def _(x, weight, residual):
+        from parity.models import triton_gemv
+        if not (triton_gemv.fits(x, weight) and residual.dtype == x.dtype and residual.dim() == 2
+                and residual.shape == (x.shape[0], weight.shape[0]) and residual.stride(1) == 1):
+            return _linear_add(x, weight, residual)
+        return triton_gemv.gemv(x, weight, residual=residual)
+
     @row_logits.register_kernel("cuda")
     def _(x, weight, bias):
         from parity.models import triton_gemv
@@ -152,9 +178,18 @@ if HAS_TRITON:
         from parity.models import triton_pointwise
         return triton_pointwise.rms_norm(x, None, weight, eps)[0]
 
+    @rms_norm_pair.register_kernel("cuda")
+    def _(a, weight_a, b, weight_b, eps):
+        if not (a.is_contiguous() and b.is_contiguous() and a.shape == b.shape and a.dtype == b.dtype
+                and weight_a.dtype == weight_b.dtype):
+            return _rms_norm_pair(a, weight_a, b, weight_b, eps)
+        from parity.models import triton_pointwise
+        return triton_pointwise.rms_norm_pair(a, weight_a, b, weight_b, eps)
+
     @add_rms_norm.register_kernel("cuda")
     def _(x, residual, weight, eps):
-        if not (x.is_contiguous() and residual.is_contiguous()):
+        # the residual may be a view of wider rows (EAGLE-3's normed hidden input, half of its norm pair's output)
+        if not (x.is_contiguous() and residual.dim() == 2 and residual.shape == x.shape and residual.stride(1) == 1):
             return _torch_add_rms_norm(x, residual, weight, eps)
         from parity.models import triton_pointwise
         return triton_pointwise.rms_norm(x, residual, weight, eps)

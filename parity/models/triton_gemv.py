@@ -16,9 +16,11 @@ timed at run time, so every process, every mode and every graph computes the
 same bits for a row whatever else is in a batch of up to 16 rows (or of 17
 to 32).
 
-Only the CUDA implementations of `fused_ops.row_linear` and
-`fused_ops.row_logits` (the same product stored as float32, a head's logits
-without the cast kernel after) call it; the module imports triton.
+Only the CUDA implementations of `fused_ops.row_linear`,
+`fused_ops.row_linear_add` (the residual added before the store: a head
+layer's last add without a kernel of its own) and `fused_ops.row_logits` (the
+same product stored as float32, a head's logits without the cast kernel
+after) call it; the module imports triton.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ MAX_ROWS = 32
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, rows, n, k, x_stride, w_stride, out_stride,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, res_ptr, rows, n, k, x_stride, w_stride, out_stride, res_stride,
+                 HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -49,9 +51,14 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, rows, n, k, x_stride, w_stride, out_stri
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     out_ptrs = out_ptr + offs_m[:, None] * out_stride + offs_n[None, :]
+    inside = m_in & (offs_n[None, :] < n)
     # Rounded to x's dtype first: an fp32 output holds exactly the 16-bit result, upcast.
-    out = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptrs, out, mask=m_in & (offs_n[None, :] < n))
+    out = acc.to(x_ptr.dtype.element_ty)
+    if HAS_RES:
+        # residual + product, each in x's dtype, summed in fp32 and rounded once: torch's add of the two.
+        res = tl.load(res_ptr + offs_m[:, None] * res_stride + offs_n[None, :], mask=inside, other=0.0)
+        out = (res.to(tl.float32) + out.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def config(k: int) -> tuple[int, int, int, int]:
@@ -71,16 +78,20 @@ def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.shape[1] == weight.shape[1])
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T -> [M, N] in x's dtype (M <= MAX_ROWS; the rows padded to 16 or 32); with
-    `out_dtype` (float32) the same values stored in it, as `.to(out_dtype)` of the product would give them."""
+    `out_dtype` (float32) the same values stored in it, as `.to(out_dtype)` of the product would give them; with
+    `residual` ([M, N] in x's dtype, unit stride along N) `residual + product`, as torch adds the two."""
     rows, k = x.shape
     n = weight.shape[0]
     out = torch.empty((rows, n), dtype=out_dtype or x.dtype, device=x.device)
     block_m = 16 if rows <= 16 else 32
     block_n, block_k, warps, stages = config(k)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, out, rows, n, k, x.stride(0), weight.stride(0),
-                                             out.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                                             num_warps=warps, num_stages=stages)
+    res = out if residual is None else residual
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, out, res, rows, n, k, x.stride(0), weight.stride(0),
+                                             out.stride(0), res.stride(0), HAS_RES=residual is not None,
+                                             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+                                             num_stages=stages)
     return out
 

@@ -1,4 +1,5 @@
-"""Triton kernels for the per-token ops of a decoder layer: RMSNorm (with the residual add), RoPE, SiLU-and-mul.
+"""Triton kernels for the per-token ops of a decoder layer: RMSNorm (with the residual add, or two side by side),
+RoPE, SiLU-and-mul.
 
 Each is one kernel where transformers' modules launch four to eight, and each
 rounds where the module rounds: the residual sum, the normalised value before
@@ -25,7 +26,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, res_stride, eps,
                      HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -33,7 +34,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
     x = tl.load(x_ptr + row * n_cols + cols, mask=inside, other=0.0)
     if HAS_RES:
         # residual + hidden, stored in the model dtype: the next layer's residual.
-        x = (x.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=inside, other=0.0).to(tl.float32))
+        x = (x.to(tl.float32) + tl.load(res_ptr + row * res_stride + cols, mask=inside, other=0.0).to(tl.float32))
         x = x.to(sum_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * n_cols + cols, x, mask=inside)
     xf = x.to(tl.float32)
@@ -46,15 +47,51 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
 
 def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
              eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [T, h] (plus `residual`), normalised and scaled by `weight`; and the sum when there is a residual."""
+    """x [T, h] (contiguous; plus `residual`, any row stride), normalised and scaled by `weight`; and the sum when
+    there is a residual."""
     rows, cols = x.shape
     out = torch.empty_like(x)
     total = torch.empty_like(x) if residual is not None else None
     if rows:
         _rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out,
-                                  total if total is not None else out, cols, eps, HAS_RES=residual is not None,
+                                  total if total is not None else out, cols,
+                                  residual.stride(0) if residual is not None else cols, eps,
+                                  HAS_RES=residual is not None,
                                   BLOCK=triton.next_power_of_2(cols), enable_fp_fusion=False)
     return out, total
+
+
+@triton.jit
+def _rms_norm_pair_kernel(a_ptr, b_ptr, wa_ptr, wb_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    # Program (row, side): side 0 normalises a's row into the left half of out's row, side 1 b's into the right,
+    # with `_rms_norm_kernel`'s arithmetic.
+    row = tl.program_id(0).to(tl.int64)
+    side = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    if side == 0:
+        x = tl.load(a_ptr + row * n_cols + cols, mask=inside, other=0.0)
+        w = tl.load(wa_ptr + cols, mask=inside, other=0.0)
+    else:
+        x = tl.load(b_ptr + row * n_cols + cols, mask=inside, other=0.0)
+        w = tl.load(wb_ptr + cols, mask=inside, other=0.0)
+    xf = x.to(tl.float32)
+    variance = tl.sum(xf * xf, axis=0) / n_cols
+    normed = (xf * tl.rsqrt(variance + eps)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * 2 * n_cols + side * n_cols + cols,
+             (w.to(tl.float32) * normed.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def rms_norm_pair(a: torch.Tensor, weight_a: torch.Tensor, b: torch.Tensor, weight_b: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """[RMSNorm(a) | RMSNorm(b)] for a and b [T, h] (contiguous, one dtype): [T, 2h], each half as `rms_norm`
+    computes it."""
+    rows, cols = a.shape
+    out = torch.empty((rows, 2 * cols), dtype=a.dtype, device=a.device)
+    if rows:
+        _rms_norm_pair_kernel[(rows, 2)](a, b, weight_a, weight_b, out, cols, eps,
+                                         BLOCK=triton.next_power_of_2(cols), enable_fp_fusion=False)
+    return out
 
 
 @triton.jit
