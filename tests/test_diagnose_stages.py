@@ -19,7 +19,7 @@ import torch
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                     PADDING_LEAK)
 from parity.audit import handed, repairs
-from parity.diagnose import descriptor, padding, rebound, recapture, reproducible
+from parity.diagnose import descriptor, host_moves, padding, rebound, recapture, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
@@ -136,6 +136,22 @@ def test_the_host_stage_names_a_counter_the_forward_moves_and_the_repair_stage_r
     found = recapture.stage(lab)
     assert (found.kind, found.buffers) == (FROZEN_AT_CAPTURE, ["schedule.step"])
     assert found.ruled_out[:len(lab.ruled_out)] == lab.ruled_out, "what the earlier stages ruled out travels along"
+
+
+def test_the_host_stage_names_a_counter_an_eager_forward_of_the_graph_run_starts_from_elsewhere(random_pair):
+    """FULL_DECODE_ONLY runs the first (mixed) verify eagerly: the graph run's captures advanced the counter, the
+    reference's eager run did not, so the two runs part at a forward no graph replayed."""
+    lab = locate(EngineParts(target_runner=ScheduledTarget), random_pair, mode="full_decode_only")
+    assert lab.entry is None and lab.ev_g.phase == "verify", "the graph run ran the divergent forward eagerly"
+    found = host_moves.stage(lab)
+    assert (found.kind, found.buffers) == (FROZEN_AT_CAPTURE, ["schedule.step"]), found
+    assert "replays never do" in found.evidence[1] and "the control" in found.evidence[2]
+    assert found.replays == lab.replays == 2, "the re-run with the reference's value, then the control"
+
+
+def test_the_host_stage_passes_a_forward_that_moved_no_host_value(random_pair):
+    lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
+    assert not lab.moves and host_moves.stage(lab) is None and lab.replays == 0
 
 
 def test_the_reproducibility_stage_passes_a_forward_that_reproduces_itself(random_pair):
