@@ -19,7 +19,7 @@ import torch
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                     PADDING_LEAK)
 from parity.audit import handed, repairs
-from parity.diagnose import descriptor, host_moves, padding, rebound, recapture, reproducible
+from parity.diagnose import descriptor, host_moves, padding, readset, rebound, recapture, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
@@ -125,6 +125,19 @@ def test_the_repair_stage_names_a_fresh_metadata_tensor_and_the_host_stage_passe
     assert found is not None and found.kind == BUFFER_REASSIGNED and found.buffers == ["slot_mapping"], found
     assert "slot_mapping" in lab.reads and found.experiment.startswith("redirect slot_mapping")
     assert found.replays == lab.replays > 0
+
+
+def test_the_read_and_write_sets_are_what_the_reference_forward_ran_by_role_and_holder(random_pair):
+    lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
+    reads = readset.reference_reads(lab)
+    assert lab.replays == 1 and readset.reference_reads(lab) is reads and lab.replays == 1, "traced once per lab"
+    # the view's fresh slot mapping is the metadata object's own tensor; positions are the registry's buffer
+    assert reads["slot_mapping"] == {"metadata object"} and "registry" in reads["positions"]
+    assert "kv_cache" in reads and "kv_cache" in readset.reference_writes(lab)
+    assert "kv_cache" in readset.graph_writes(lab) and lab.skipped_writes() == []
+    registry = lab.graph.owner(lab.ev_g.owner).buffers
+    unread = [name for name in registry.names() if name not in reads]
+    assert unread, "a role the forward never reads is not in the read set (it cannot be repaired)"
 
 
 def test_the_host_stage_names_a_counter_the_forward_moves_and_the_repair_stage_rules_itself_out(random_pair):
