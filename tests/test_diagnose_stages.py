@@ -19,7 +19,7 @@ import torch
 from parity.diagnosis.kinds import (BUFFER_REASSIGNED, CAPTURE_CONTEXT, DESCRIPTOR_MISMATCH, FROZEN_AT_CAPTURE,
                                     PADDING_LEAK)
 from parity.audit import handed, repairs
-from parity.diagnose import descriptor, host_moves, padding, readset, rebound, recapture, reproducible
+from parity.diagnose import descriptor, host_moves, padding, probes, readset, rebound, recapture, reproducible
 from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
@@ -138,6 +138,24 @@ def test_the_read_and_write_sets_are_what_the_reference_forward_ran_by_role_and_
     registry = lab.graph.owner(lab.ev_g.owner).buffers
     unread = [name for name in registry.names() if name not in reads]
     assert unread, "a role the forward never reads is not in the read set (it cannot be repaired)"
+
+
+def test_the_layer_probe_sees_every_decoder_layer_and_the_first_that_differs(random_pair):
+    """The fused layers run as functions of the layer modules (no forward hook fires): the probe still sees each."""
+    lab = locate(EngineParts(target_builder=FreshSlotsView), random_pair)
+    layers = len(lab.graph.owner(lab.ev_g.owner).decoder_layers())
+    [line] = probes.probe_layers(lab)
+    assert layers > 1 and line.startswith(f"layer probe: all {layers} decoder layer(s) agree"), line
+    restore = lab.restore
+
+    def restore_with_other_tokens(run="graph"):     # the graph run's state differs before the forward
+        restore(run)
+        if run == "graph":
+            owner = lab.graph.owner(lab.ev_g.owner)
+            owner.buffers["input_ids"].add_(1).remainder_(owner.model.config.vocab_size)
+    lab.restore = restore_with_other_tokens
+    [line] = probes.probe_layers(lab)
+    assert line.startswith("layer probe: decoder layer 0 is the first to differ"), line
 
 
 def test_the_host_stage_names_a_counter_the_forward_moves_and_the_repair_stage_rules_itself_out(random_pair):

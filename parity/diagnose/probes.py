@@ -8,8 +8,6 @@ difference is made inside the captured graph's replay.
 
 from __future__ import annotations
 
-import torch
-
 from parity.diagnose.lab import Divergence
 from parity.audit.state import delta
 
@@ -17,9 +15,12 @@ from parity.audit.state import delta
 def probe_layers(lab: Divergence) -> list[str]:
     ours = _layer_outputs(lab, "graph")
     theirs = _layer_outputs(lab, "ref")
+    if not ours or len(ours) != len(theirs):
+        return [f"layer probe: not run (the forward re-run eagerly ran {len(ours)} decoder layer(s) in the graph run "
+                f"and {len(theirs)} in the reference)"]
     t = lab.dispatch.num_tokens
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        apart = float(delta(a[:t], b[:t]).max())
+        apart = max(float(delta(x[:t], y[:t]).max()) for x, y in zip(a, b))
         if apart > 0:
             return [f"layer probe: decoder layer {i} is the first to differ ({apart:.3g}) when the forward "
                     "re-runs eagerly from each run's state: the state before this forward already differs"]
@@ -27,21 +28,11 @@ def probe_layers(lab: Divergence) -> list[str]:
             "graph run's state: the difference is made inside the captured graph's replay"]
 
 
-def _layer_outputs(lab: Divergence, run: str) -> list[torch.Tensor]:
+def _layer_outputs(lab: Divergence, run: str) -> list[tuple]:
+    """What each decoder layer produced when the forward re-runs eagerly from run `run`'s pre-state."""
     engine, event = lab.side(run)
-    outputs: list[torch.Tensor] = []
-    layers = engine.owner(event.owner).decoder_layers()
-
-    def keep(module, args, out):
-        hidden = out[0] if isinstance(out, tuple) else out
-        outputs.append(hidden.detach().float().reshape(-1, hidden.shape[-1]).clone())
-
-    hooks = [layer.register_forward_hook(keep) for layer in layers]
-    try:
-        lab.restore(run)
-        lab.replays += 1
-        lab.forward(run)(event.dispatch.num_tokens_padded, event.dispatch.num_reqs_padded, event.meta)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return outputs
+    lab.restore(run)
+    lab.replays += 1
+    forward = lab.forward(run)
+    return engine.owner(event.owner).layer_outputs(
+        lambda: forward(event.dispatch.num_tokens_padded, event.dispatch.num_reqs_padded, event.meta))

@@ -16,6 +16,7 @@ import torch
 from parity.engine.buffers import InputBuffers, poison_padding
 from parity.engine.kv_cache import PagedKVCache
 from parity.graphs.descriptor import EagerExecutor
+from parity.models.decoder_layer import observed_layers
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,13 @@ class Owner:
 
     def decoder_layers(self) -> list[torch.nn.Module]:
         raise NotImplementedError
+
+    def layer_outputs(self, run: Callable[[], object]) -> list[tuple]:
+        """`run()` (a forward of this owner, eager), and what each decoder layer it ran produced, in order
+        (`decoder_layer.observed_layers`)."""
+        with observed_layers() as found:
+            run()
+        return found
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor a forward of this owner may read or write: its buffers and its KV cache."""

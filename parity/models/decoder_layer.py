@@ -14,6 +14,9 @@ here too (`decoder_layer`, `rms_norm`), each with its own input arrangement.
 
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +26,29 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRM
 
 from parity.models import fused_ops
 from parity.models.fused_weights import GATE_UP, QKV, fused, row_kernels
+
+
+# Within `observed_layers()`: the outputs of every decoder layer the fused path runs, in order (None: nobody watches).
+_OBSERVED: ContextVar[list | None] = ContextVar("observed_layers", default=None)
+
+
+@contextlib.contextmanager
+def observed_layers():
+    """Within: each decoder layer run through this module appends its outputs (a tuple of float copies: the layer's
+    output, or its MLP output and residual, whose sum it is) to the list yielded. The layers run as functions of
+    the layer module, not as calls of it, so a forward hook on the module never fires."""
+    found: list = []
+    token = _OBSERVED.set(found)
+    try:
+        yield found
+    finally:
+        _OBSERVED.reset(token)
+
+
+def _observe(*tensors: torch.Tensor) -> None:
+    found = _OBSERVED.get()
+    if found is not None:
+        found.append(tuple(t.detach().float().clone() for t in tensors))
 
 
 def rope_tables(rotary_emb: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +116,9 @@ def layer_output(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch
     """`layer_body`'s two results summed: the layer's output [T, h] (a draft head's down projection adds the
     residual itself: `_mlp`)."""
     normed, residual = _attention_block(layer, normed, residual, cos, sin, meta)
-    return _mlp(layer.mlp, normed, residual)
+    out = _mlp(layer.mlp, normed, residual)
+    _observe(out)
+    return out
 
 
 def norm_input(layer: LlamaDecoderLayer, hidden: torch.Tensor,
@@ -106,7 +134,9 @@ def layer_body(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch.T
                sin: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and MLP of one layer on its normed input: (mlp output, residual); their sum is the layer's output."""
     normed, residual = _attention_block(layer, normed, residual, cos, sin, meta)
-    return _mlp(layer.mlp, normed), residual
+    out = _mlp(layer.mlp, normed)
+    _observe(out, residual)
+    return out, residual
 
 
 def _attention_block(layer: LlamaDecoderLayer, normed: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor,
