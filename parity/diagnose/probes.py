@@ -16,8 +16,8 @@ def probe_layers(lab: Divergence) -> list[str]:
     ours = _layer_outputs(lab, "graph")
     theirs = _layer_outputs(lab, "ref")
     if not ours or len(ours) != len(theirs):
-        return [f"layer probe: not run (the forward re-run eagerly ran {len(ours)} decoder layer(s) in the graph run "
-                f"and {len(theirs)} in the reference)"]
+        return [f"layer probe: nothing to compare layer by layer (re-run eagerly, the forward ran {len(ours)} decoder "
+                f"layer(s) in the graph run and {len(theirs)} in the reference)"]
     t = lab.dispatch.num_tokens
     for i, (a, b) in enumerate(zip(ours, theirs)):
         apart = max(float(delta(x[:t], y[:t]).max()) for x, y in zip(a, b))
