@@ -135,3 +135,21 @@ def test_a_dynamic_rope_stays_its_module():
         cos, _ = rope_tables(rotary, torch.zeros(100, 512), positions)
     assert "parity.rope_table.default" not in ops.ops
     assert torch.equal(cos, rotary(torch.zeros(1, 100, 512), position_ids=positions.unsqueeze(0))[0][0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_linear_add_fallback_allocates_its_output_alone(dtype):
+    """Where the matrix-vector kernel does not take a shape (the tiny pairs' float32 on CUDA), `row_linear_add`
+    runs its torch implementation inside the op: one product, then the residual added into it in place, so a
+    graph pool gets the op's output and no temporary, as on the emulated backend (which sees the op alone).
+    The in-place sum is torch's `residual + product` bit for bit."""
+    from parity.models import fused_ops
+    from tests.dispatch_log import Seen
+
+    torch.manual_seed(0)
+    x, w, residual = (torch.randn(5, 48).to(dtype), torch.randn(40, 48).to(dtype), torch.randn(5, 40).to(dtype))
+    with torch.no_grad(), Seen() as ops:
+        got = fused_ops._linear_add(x, w, residual)
+    fresh = [op for op in ops.ops if not op.split(".")[1].endswith("_") and not op.startswith(("aten.t.", "aten.view"))]
+    assert len(fresh) == 1 and ops.ops[-1] == "aten.add_.Tensor", ops.ops
+    assert torch.equal(got, residual + torch.nn.functional.linear(x, w))
