@@ -1,5 +1,7 @@
-"""The draft head's two fused ops on CUDA, held bit for bit to the ops they replace.
+"""The draft head's fused ops on CUDA, held bit for bit to the ops they replace.
 
+- `fused_ops.embed` (the embedding gather of every forward): `nn.Embedding`'s
+  rows, at a draft step's few ids and a verify's many;
 - `fused_ops.rms_norm_pair` (EAGLE-3's two input norms and their concat):
   each half is what `fused_ops.rms_norm` gives the same rows;
 - `fused_ops.row_linear_add` (a head layer's down projection and the residual
@@ -8,7 +10,7 @@
   head whose residual is its normed hidden input): what it gives the same
   values held contiguously.
 
-Both in one kernel each, and a graph replay gives the eager bits.
+Each in one kernel, and a graph replay gives the eager bits.
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def _randn(*shape, seed: int, scale: float = 1.0, dtype=torch.bfloat16):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens,vocab,h", [(1, 128256, 4096), (8, 128256, 4096), (37, 97, 1000), (0, 97, 64)])
+def test_the_embedding_gather_is_the_embedding_rows(tokens, vocab, h, dtype):
+    table = _randn(vocab, h, seed=30, dtype=dtype)
+    ids = torch.randint(0, vocab, (tokens,), device="cuda", generator=torch.Generator(device="cuda").manual_seed(31))
+    got = fused_ops.embed(ids, table)
+    assert got.shape == (tokens, h) and got.dtype == dtype
+    assert torch.equal(got, torch.nn.functional.embedding(ids, table))
+    if tokens:
+        assert kernels(lambda: fused_ops.embed(ids, table)) == ["_embed_kernel"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -65,8 +79,11 @@ def test_a_graph_replay_gives_the_eager_bits():
     a, b, wa, wb = _randn(8, 4096, seed=5), _randn(8, 4096, seed=6), _randn(4096, seed=7), _randn(4096, seed=8)
     x, w, residual = _randn(8, 1000, seed=9), _randn(4096, 1000, seed=10, scale=0.02), _randn(8, 4096, seed=11)
 
+    table, ids = _randn(1000, 4096, seed=18), torch.arange(8, device="cuda")
+
     def body():
-        return fused_ops.rms_norm_pair(a, wa, b, wb, 1e-6), fused_ops.row_linear_add(x, w, residual)
+        return (fused_ops.rms_norm_pair(a, wa, b, wb, 1e-6), fused_ops.row_linear_add(x, w, residual),
+                fused_ops.embed(ids, table))
 
     body()
     torch.cuda.synchronize()
@@ -75,6 +92,7 @@ def test_a_graph_replay_gives_the_eager_bits():
         outs = body()
     for seed, t in enumerate((a, b, x, residual), start=20):     # new inputs in the captured buffers
         t.copy_(_randn(*t.shape, seed=seed))
+    ids.copy_(torch.tensor([999, 3, 3, 0, 500, 7, 1, 2], device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
     eager = body()

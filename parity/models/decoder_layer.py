@@ -90,6 +90,14 @@ def project(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> torch.
     return (fused_ops.row_linear if row_kernels(owner) else F.linear)(x, weight, bias)
 
 
+def embed(table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """table(ids): one op for an `nn.Embedding` that only looks rows up (no max_norm, which renormalises the table
+    in place); any other module as itself."""
+    if type(table) is nn.Embedding and table.max_norm is None:
+        return fused_ops.embed(ids, table.weight)
+    return table(ids)
+
+
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """norm(x) for x [T, h]: one op for transformers' RMSNorm; any other norm (zero-centred, Identity) as its module."""
     if type(norm) is LlamaRMSNorm:

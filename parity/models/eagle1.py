@@ -17,7 +17,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import decoder_layer, float_logits, rope_tables
+from parity.models.decoder_layer import decoder_layer, embed, float_logits, rope_tables
 from parity.models.fused_weights import FusedLayers
 
 
@@ -52,7 +52,7 @@ class Eagle1Head(FusedLayers):
         With `meta` the layer attends through the paged cache; without it, through
         whatever attention the config names, over one causal sequence.
         """
-        embeds = self.embed_tokens(input_ids)
+        embeds = embed(self.embed_tokens, input_ids)
         fused = self.fc(torch.cat((embeds, hidden_states.to(embeds.dtype)), dim=-1))
         cos, sin = rope_tables(self.rotary_emb, fused, positions)
         return decoder_layer(self.layers[0], fused, cos, sin, meta)

@@ -38,7 +38,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import float_logits, layer_output, rms_norm, rms_norm_pair, rope_tables
+from parity.models.decoder_layer import (embed, float_logits, layer_output, rms_norm, rms_norm_pair,
+                                         rope_tables)
 from parity.models.fused_weights import FusedLayers
 
 NUM_AUX_LAYERS = 3
@@ -200,7 +201,7 @@ class Eagle3Head(FusedLayers):
         `hidden_states` are fused target features (draft prefill) or the head's own
         outputs (draft steps). With `meta` the layer attends through the paged cache.
         """
-        embeds = self.embed_tokens(input_ids)
+        embeds = embed(self.embed_tokens, input_ids)
         hidden = hidden_states.to(embeds.dtype)
         cos, sin = rope_tables(self.rotary_emb, hidden, positions)
         return self.midlayer.fused_forward(embeds, hidden, cos, sin, meta)

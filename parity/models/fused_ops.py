@@ -36,6 +36,16 @@ def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return weight * h.to(dtype)
 
 
+def _embed(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The embedding rows of ids [T]: [T, h] (`nn.Embedding`'s forward)."""
+    return torch.nn.functional.embedding(ids, weight)
+
+
+# On CUDA one gather kernel with a program per token: `index_select`'s kernel for 16 ids or fewer (a draft step's)
+# walks the ids in every thread, 7.7 us for eight rows of an 8B table on an H100.
+embed = DirectOp("parity::embed", _embed)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x [T, h]."""
     return _torch_rms_norm(x, weight, eps)
@@ -131,8 +141,16 @@ row_linear = DirectOp("parity::row_linear", _linear)
 
 
 def _linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + x @ weight.T: a layer's last projection and the residual add after it."""
-    return residual + _linear(x, weight, None)
+    """residual + x @ weight.T: a layer's last projection and the residual add after it.
+
+    The sum is taken in the product's own tensor (IEEE addition commutes: torch's `residual + product`, bit for
+    bit): the op allocates its output and nothing else, as the CUDA kernel does, so a graph pool places the same
+    blocks on CUDA when a shape falls back here (the tiny pairs' float32) as the emulated pool, which sees the op's
+    output alone."""
+    product = _linear(x, weight, None)
+    if product.dtype != residual.dtype or product.shape != residual.shape:
+        return residual + product
+    return product.add_(residual)
 
 
 # A draft head layer's down projection with its residual: on CUDA the matrix-vector kernel adds it before the store.
@@ -170,6 +188,13 @@ if HAS_TRITON:
         if bias is not None or not triton_gemv.fits(x, weight):
             return _logits(x, weight, bias)
         return triton_gemv.gemv(x, weight, torch.float32)
+
+    @embed.register_kernel("cuda")
+    def _(ids, weight):
+        if not (ids.dim() == 1 and weight.dim() == 2 and weight.is_contiguous() and not ids.is_floating_point()):
+            return _embed(ids, weight)
+        from parity.models import triton_pointwise
+        return triton_pointwise.embed(ids.contiguous(), weight)
 
     @rms_norm.register_kernel("cuda")
     def _(x, weight, eps):

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from parity.models import fused_ops
-from parity.models.decoder_layer import layer_body, norm_input, rope_tables
+from parity.models.decoder_layer import embed, layer_body, norm_input, rope_tables
 from parity.models.fused_weights import FusedLayers
 from parity.models.paged_attention import ATTN_IMPLEMENTATION, one_forward
 from parity.models.recurrent import hybridize
@@ -52,7 +52,7 @@ class TargetModel(FusedLayers):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor | None]:
         model = self.hf.model
-        hidden = model.embed_tokens(input_ids)
+        hidden = embed(model.embed_tokens, input_ids)
         cos, sin = rope_tables(model.rotary_emb, hidden, positions)
         aux = {}
         num_layers = self.config.num_hidden_layers

@@ -42,7 +42,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from parity.models.decoder_layer import decoder_layer, float_logits, rms_norm, rope_tables
+from parity.models.decoder_layer import decoder_layer, embed, float_logits, rms_norm, rope_tables
 from parity.models.fused_weights import FusedLayers
 
 DEEPSEEK, QWEN3NEXT = "mtp-deepseek", "mtp-qwen3next"
@@ -140,7 +140,7 @@ class MtpHead(FusedLayers):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
                 meta=None) -> torch.Tensor:
         """Draft hidden states [T, h]: the selected layer's output (the next step's hidden input)."""
-        embeds = self.embed_tokens(input_ids)
+        embeds = embed(self.embed_tokens, input_ids)
         if self.layout == DEEPSEEK:   # DeepSeek's MTP reads no token at position 0 (as vLLM's deepseek_mtp)
             embeds = torch.where((positions == 0).view(-1, 1), torch.zeros_like(embeds), embeds)
         hidden = hidden_states.to(embeds.dtype)

@@ -1,5 +1,5 @@
-"""Triton kernels for the per-token ops of a decoder layer: RMSNorm (with the residual add, or two side by side),
-RoPE, SiLU-and-mul.
+"""Triton kernels for the per-token ops of a decoder layer: the embedding gather, RMSNorm (with the residual add,
+or two side by side), RoPE, SiLU-and-mul.
 
 Each is one kernel where transformers' modules launch four to eight, and each
 rounds where the module rounds: the residual sum, the normalised value before
@@ -175,4 +175,26 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if tokens:
         block = 1024
         _silu_and_mul_kernel[(tokens, triton.cdiv(width, block))](x, out, width, BLOCK=block, enable_fp_fusion=False)
+    return out
+
+
+@triton.jit
+def _embed_kernel(ids_ptr, w_ptr, out_ptr, vocab, width, BLOCK: tl.constexpr):
+    # Program (token, block of columns): the token's row of the table, copied.
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(ids_ptr + token).to(tl.int64)
+    inside = (cols < width) & (row >= 0) & (row < vocab)
+    tl.store(out_ptr + token * width + cols, tl.load(w_ptr + row * width + cols, mask=inside, other=0.0),
+             mask=cols < width)
+
+
+def embed(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """weight[ids] for ids [T] and a contiguous table [V, h]: [T, h], the rows copied (an id outside the table,
+    which `nn.Embedding` refuses, gives a row of zeros)."""
+    tokens, (vocab, width) = ids.shape[0], weight.shape
+    out = torch.empty((tokens, width), dtype=weight.dtype, device=weight.device)
+    if tokens:
+        block = min(4096, triton.next_power_of_2(width))
+        _embed_kernel[(tokens, triton.cdiv(width, block))](ids, weight, out, vocab, width, BLOCK=block)
     return out
