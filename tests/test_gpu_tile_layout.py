@@ -2,7 +2,8 @@
 
 `attention_tiles.tile_layout` against its torch implementation on good
 batches and on the broken metadata a fault hands in, bit for bit and dtype
-for dtype.
+for dtype: where each slot's token sits, its output row, each tile's row and
+KV blocks, and each slot's causal bound.
 """
 
 from __future__ import annotations
@@ -33,15 +34,29 @@ def batches(draw):
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(batches())
 def test_the_tile_layout_kernel_is_the_torch_layout_bit_for_bit(batch):
+    # seq_lens in query_start_loc's dtype, positions int64, as engines hold them (each new dtype is a compile)
     num_tokens, qsl, qsl_dtype, table_dtype, table_width = batch
+    check_layout(num_tokens, qsl, qsl_dtype, table_dtype, table_width, qsl_dtype, torch.int64)
+
+
+@pytest.mark.parametrize("lens_dtype,positions_dtype", [(torch.int32, torch.int32), (torch.int64, torch.int32)])
+def test_the_causal_bound_takes_the_dtype_torch_promotes_to(lens_dtype, positions_dtype):
+    check_layout(37, [0, 4, 4, 20, 37], torch.int32, torch.int32, 8, lens_dtype, positions_dtype)
+
+
+def check_layout(num_tokens, qsl, qsl_dtype, table_dtype, table_width, lens_dtype, positions_dtype):
     rows = len(qsl) - 1
     plan = plan_tiles(num_tokens, rows, 32, 8, 128, 2, 16, 16 * table_width, table_width)
     q = torch.tensor(qsl, dtype=qsl_dtype, device="cuda")
     table = torch.randint(0, 10_000, (rows, table_width), dtype=table_dtype, device="cuda")
-    args = (num_tokens, plan.tile_len, plan.num_tiles, plan.num_blocks)
+    # Padded rows' zero lengths and positions past a row's context included: the bound is the smaller of the two.
+    seq_lens = torch.randint(0, 300, (rows,), dtype=lens_dtype, device="cuda")
+    positions = torch.randint(0, 300, (num_tokens + 3,), dtype=positions_dtype, device="cuda")
+    args = (seq_lens, positions, num_tokens, plan.tile_len, plan.num_tiles, plan.num_blocks)
     torch_path = attention_tiles._torch_tile_layout(q, table, *args)
     kernel = attention_tiles.tile_layout(q, table, *args)       # the op's CUDA implementation: the kernel
-    for name, want, got in zip(("slot tokens", "target", "tile rows", "blocks"), torch_path, kernel):
+    assert len(kernel) == len(torch_path) == 5
+    for name, want, got in zip(("slot tokens", "target", "tile rows", "blocks", "bounds"), torch_path, kernel):
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert torch.equal(got, want), (name, qsl, plan.tile_len)
 

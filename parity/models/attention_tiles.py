@@ -140,28 +140,37 @@ def _tile_map(query_start_loc: torch.Tensor, num_tokens: int, tile_len: int, num
     return TileMap(token.view(shape), idle.view(shape), row.view(shape)[:, 0])
 
 
-def _torch_tile_layout(query_start_loc: torch.Tensor, block_table: torch.Tensor, num_tokens: int, tile_len: int,
-                       num_tiles: int, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _torch_tile_layout(query_start_loc: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                       positions: torch.Tensor, num_tokens: int, tile_len: int, num_tiles: int,
+                       num_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where the tokens sit in the tiles: (the token each slot gathers [slots], each slot's output row [slots]:
     its token, or T (dropped) when idle, each tile's request row [tiles], the KV blocks each tile gathers
-    [tiles, num_blocks])."""
+    [tiles, num_blocks], the last key position each slot may see [tiles, tile_len]: its token's position, within
+    its row's context)."""
     tiles = _tile_map(query_start_loc, num_tokens, tile_len, num_tiles)
     target = tiles.token.masked_fill(tiles.idle, num_tokens).flatten()
     blocks = block_table[:, :num_blocks].index_select(0, tiles.tile_row)
-    return tiles.token.flatten(), target, tiles.tile_row.contiguous(), blocks
+    # Key positions j a slot may see: j <= hi (causal, inside its request).
+    seq_len = seq_lens.index_select(0, tiles.tile_row).unsqueeze(1)
+    hi = torch.minimum(positions.index_select(0, tiles.token.flatten()).view(num_tiles, tile_len), seq_len - 1)
+    return tiles.token.flatten(), target, tiles.tile_row.contiguous(), blocks, hi
 
 
-# One op (on CUDA one kernel, `triton_layout`) where tile_map and the blocks' gather are a dozen or more.
+# One op (on CUDA one kernel, `triton_layout`) where tile_map, the blocks' gather and the causal bound are a dozen
+# kernels or more.
 tile_layout = DirectOp("parity::tile_layout", _torch_tile_layout)
 
 if HAS_TRITON:
     @tile_layout.register_kernel("cuda")
-    def _(query_start_loc, block_table, num_tokens, tile_len, num_tiles, num_blocks):
+    def _(query_start_loc, block_table, seq_lens, positions, num_tokens, tile_len, num_tiles, num_blocks):
+        args = (query_start_loc, block_table, seq_lens, positions, num_tokens, tile_len, num_tiles, num_blocks)
         if not (query_start_loc.shape[0] > 1 and query_start_loc.is_contiguous() and block_table.stride(1) == 1
-                and {query_start_loc.dtype, block_table.dtype} <= {torch.int32, torch.int64}):
-            return _torch_tile_layout(query_start_loc, block_table, num_tokens, tile_len, num_tiles, num_blocks)
+                and seq_lens.dim() == 1 and seq_lens.stride(0) == 1 and positions.dim() == 1
+                and positions.stride(0) == 1 and {query_start_loc.dtype, block_table.dtype, seq_lens.dtype,
+                                                  positions.dtype} <= {torch.int32, torch.int64}):
+            return _torch_tile_layout(*args)
         from parity.models import triton_layout
-        return triton_layout.tile_layout(query_start_loc, block_table, num_tokens, tile_len, num_tiles, num_blocks)
+        return triton_layout.tile_layout(*args)
 
 
 @dataclass
@@ -186,12 +195,10 @@ class ForwardLayout:
 
 def forward_layout(meta, plan: TilePlan) -> ForwardLayout:
     """Tiles, block indices and the causal bound of `meta`'s batch, on the device."""
-    slot_tokens, target, tile_row, blocks = tile_layout(meta.query_start_loc, meta.block_table, plan.num_tokens,
-                                                        plan.tile_len, plan.num_tiles, plan.num_blocks)
-    # Key positions j a slot may see: lo <= j <= hi (causal, inside its request, in its window).
-    seq_len = meta.seq_lens.index_select(0, tile_row).unsqueeze(1)
-    positions = meta.positions.index_select(0, slot_tokens).view(plan.num_tiles, plan.tile_len)
-    hi = torch.minimum(positions, seq_len - 1)
+    # Key positions j a slot may see: lo <= j <= hi (hi: causal, inside its request; lo: in its window).
+    slot_tokens, target, tile_row, blocks, hi = tile_layout(meta.query_start_loc, meta.block_table, meta.seq_lens,
+                                                            meta.positions, plan.num_tokens, plan.tile_len,
+                                                            plan.num_tiles, plan.num_blocks)
     return ForwardLayout(slot_tokens, target, tile_row, blocks, hi)
 
 
