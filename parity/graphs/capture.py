@@ -56,6 +56,10 @@ class CapturedGraph:
 
     def replay(self, meta=None) -> tuple:
         """Replay every piece; PIECEWISE attention runs eagerly on `meta`, the live metadata."""
+        if not self.calls:      # one piece and no Python between pieces: nothing else to open
+            for segment in self.segments:
+                segment.replay()
+            return self.outputs
         with one_forward():
             for i, segment in enumerate(self.segments):
                 segment.replay()
