@@ -28,7 +28,29 @@ def pair():
     return load_pair("tiny-llama3-eagle")
 
 
+def test_forwards_are_timed_after_a_warm_up_of_the_same_loop(monkeypatch):
+    import time
+
+    from parity.harness import bench
+
+    calls = {"eager": 0, "full": 0}
+
+    class Forward:
+        def __init__(self, mode):
+            self.mode = mode
+
+        def call(self):
+            calls[self.mode] += 1
+
+    monkeypatch.setattr(bench, "WARMUP_S", 0.05)
+    start = time.perf_counter()
+    medians = bench.interleaved_medians({m: Forward(m) for m in calls}, torch.device("cpu"), iters=4)
+    assert time.perf_counter() - start >= 0.05
+    assert calls["eager"] == calls["full"] >= 3 + 4 and set(medians) == set(calls)
+
+
 def test_scale_forwards_rows(pair, monkeypatch):
+    monkeypatch.setattr("parity.harness.bench.WARMUP_S", 0.0)
     monkeypatch.setattr(bench_scale, "hbm_bandwidth", lambda device: 1e9)
     monkeypatch.setattr(bench_scale, "gpu_kernels", lambda call, device: (call(), (7, 0.5))[1])
     figures = scale_forwards(pair, torch.device("cpu"), batches=(1, 4), iters=2, max_model_len=64,
@@ -52,6 +74,7 @@ def test_scale_forwards_rows(pair, monkeypatch):
 
 
 def test_the_floor_leaves_out_what_the_drafter_graph_never_reads(monkeypatch):
+    monkeypatch.setattr("parity.harness.bench.WARMUP_S", 0.0)
     """EAGLE-3's fc runs eagerly before the drafter's graphs: its weight is no part of their floor."""
     monkeypatch.setattr(bench_scale, "hbm_bandwidth", lambda device: 1e9)
     monkeypatch.setattr(bench_scale, "gpu_kernels", lambda call, device: (call(), (7, 0.5))[1])

@@ -71,6 +71,11 @@ def _prepare(engine, phase: str, batch: int):
     return owner, rows
 
 
+# Seconds each set of forwards runs before it is timed: module loads and first-call work out of the figures, and
+# the host's and the device's clocks at their working speed.
+WARMUP_S = 0.5
+
+
 @dataclass
 class Prepared:
     """One forward ready to run again and again: `call()` runs it through the engine's executor."""
@@ -116,18 +121,30 @@ def forward_engines(pair, device, backend: str, modes, batch: int, max_model_len
 
 
 def interleaved_medians(prepared: dict[str, Prepared], device, iters: int) -> dict[str, float]:
-    """Median seconds of each prepared forward, all timed in one loop so they share the machine's state."""
+    """Median seconds of each prepared forward, all timed in one loop so they share the machine's state, after
+    a warm-up of the same loop for at least three rounds and `WARMUP_S` seconds."""
     samples = {mode: [] for mode in prepared}
     with torch.no_grad():
-        for i in range(iters + 3):
-            for mode, forward in prepared.items():
-                sync(device)
-                start = time.perf_counter()
-                forward.call()
-                sync(device)
-                if i >= 3:
-                    samples[mode].append(time.perf_counter() - start)
+        rounds, warm_until = 0, time.perf_counter() + WARMUP_S
+        while rounds < 3 or time.perf_counter() < warm_until:
+            _timed_round(prepared, device)
+            rounds += 1
+        for _ in range(iters):
+            for mode, seconds in _timed_round(prepared, device).items():
+                samples[mode].append(seconds)
     return {mode: statistics.median(values) for mode, values in samples.items()}
+
+
+def _timed_round(prepared: dict[str, Prepared], device) -> dict[str, float]:
+    """Each prepared forward once, between two syncs: seconds per mode."""
+    seconds = {}
+    for mode, forward in prepared.items():
+        sync(device)
+        start = time.perf_counter()
+        forward.call()
+        sync(device)
+        seconds[mode] = time.perf_counter() - start
+    return seconds
 
 
 def time_forwards(pair, device, backend: str, modes=("eager", "piecewise", "full"), iters: int = 30) -> list[dict]:
