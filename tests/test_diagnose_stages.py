@@ -24,6 +24,7 @@ from parity.diagnose.bisector import Bisector, PaddingBisector
 from parity.engine.metadata import MetadataBuilder
 from parity.engine.parts import EngineParts
 from parity.engine.spec_decode import SpecDecodeEngine
+from parity.graphs.capture import CapturedGraph
 from parity.graphs.factory import install_graphs, install_padded_reference
 from parity.graphs.policy import CapturePolicy
 from parity.models import paged_attention
@@ -89,6 +90,27 @@ class ZeroPadSlots(MetadataBuilder):
             return super()._fill(name, values, pad, num_tokens)
         host = torch.tensor(values + [0] * pad, dtype=torch.int64)
         self.buffers[name][: len(host)].copy_(host)
+
+
+class FreshPositionsEachStep(MetadataBuilder):
+    """Each draft step hands attention a fresh positions tensor (the metadata object rebinds the field) and
+    advances that one, while RoPE reads the registry's buffer, which stops advancing."""
+
+    def advance_draft_step(self, meta, num_reqs_padded):
+        if meta.tree_bits is None:
+            meta.positions = meta.positions.clone()
+        super().advance_draft_step(meta, num_reqs_padded)
+
+
+def replay_rebinding_attention_outputs(self, meta=None):
+    """A piecewise replay that hands each eager attention result over as a new tensor instead of copying it into
+    the output the next piece captured."""
+    with paged_attention.one_forward():
+        for i, segment in enumerate(self.segments):
+            segment.replay()
+            if i < len(self.calls):
+                self.calls[i].out = self.calls[i].attend(meta)
+    return self.outputs
 
 
 class NoSlotsAtCapture(MetadataBuilder):
@@ -222,3 +244,21 @@ def test_the_descriptor_stage_compares_the_batch_padding_with_the_graph_shape():
     found = descriptor.stage(lab_with(4))
     assert (found.kind, found.buffers) == (DESCRIPTOR_MISMATCH, ["descriptor"])
     assert "8 tokens x 2 rows" in found.evidence[0] and "4 tokens x 2 rows" in found.evidence[0]
+
+
+def test_the_piecewise_stage_names_an_attention_output_rebound_after_capture(random_pair, monkeypatch):
+    monkeypatch.setattr(CapturedGraph, "replay", replay_rebinding_attention_outputs)
+    lab = locate(EngineParts(), random_pair, mode="piecewise")
+    assert lab.entry is not None and lab.entry.graph.calls
+    found = rebound.piecewise_outputs(lab)
+    assert (found.kind, found.buffers) == (BUFFER_REASSIGNED, ["attention_output"]), found
+    assert found.captured_address != found.live_address and lab.replays == 1, "one replay delivering the outputs"
+
+
+def test_the_pointed_back_stage_names_a_role_the_metadata_rebinds_while_the_registry_keeps_the_buffer(random_pair):
+    lab = locate(EngineParts(drafter_builder=FreshPositionsEachStep), random_pair)
+    assert lab.ev_g.phase == "draft_step" and lab.ev_g.draft_step >= 1, "the first forward after an advance"
+    found = handed.pointed_back(lab)
+    assert (found.kind, found.buffers) == (BUFFER_REASSIGNED, ["positions"]), found
+    assert {"registry", "metadata object"} <= lab.reads["positions"], "read through both holders"
+    assert "pointed back at the persistent buffer" in found.experiment
