@@ -215,6 +215,14 @@ def test_kernel_profile_groups_by_name_most_time_first():
     assert text.splitlines()[0] == "verify batch 1: 4 kernels, 0.01 ms" and "copy" not in text
 
 
+def test_kernel_profile_lists_kernels_in_launch_order():
+    from parity.scripts.kernel_profile import format_order
+
+    text = format_order("draft_step batch 8", [("embed", 2.0), ("gemv", 70.5), ("embed", 1.5)], width=4)
+    assert text.splitlines() == ["draft_step batch 8: 3 kernels in launch order, 0.074 ms", "    2.00 us  embe",
+                                 "   70.50 us  gemv", "    1.50 us  embe"]
+
+
 def test_kernel_profile_without_cuda_says_so_in_one_line(capsys, monkeypatch):
     from parity.scripts import kernel_profile
 

@@ -5,8 +5,8 @@ local target/head pair) in bf16 on one GPU: the verify or drafter forward at
 batch 1, 8 and 32 (uniform decode batches, max_model_len 512, as `parity bench
 scale` times them) run once eagerly at the FULL graph's padded shape, which
 launches the very kernels the replay does, under torch.profiler; the kernels
-grouped by name, the largest groups first, with their share of the GPU time.
-Without CUDA it prints one line on stderr and exits 2.
+grouped by name, the largest groups first, with their share of the GPU time
+(`--order`: every kernel in launch order with its time). Without CUDA it prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
@@ -37,6 +37,14 @@ def format_groups(title: str, groups: list[tuple[str, int, float]], top: int) ->
     return "\n".join(lines)
 
 
+def format_order(title: str, events, width: int = 90) -> str:
+    """Every kernel of one forward in launch order with its microseconds (what `--order` prints): where the
+    small kernels sit between the large ones, which the groups by name do not show."""
+    total = sum(us for _, us in events)
+    lines = [f"{title}: {len(events)} kernels in launch order, {total / 1e3:.3f} ms"]
+    return "\n".join(lines + [f"{us:8.2f} us  {name[:width]}" for name, us in events])
+
+
 def profile_forward(pair, phase: str, batch: int, device) -> list[tuple[str, float]]:
     """The device events of one `phase` forward at `batch`, run eagerly at its FULL graph's padded shape."""
     import torch
@@ -59,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phases", default="verify", help="verify, draft_step, draft_prefill; comma-separated")
     p.add_argument("--batches", default="1,8,32", help="batch sizes, comma-separated")
     p.add_argument("--top", type=int, default=20, help="kernel groups shown per batch")
+    p.add_argument("--order", action="store_true", help="every kernel in launch order instead of the groups")
     args = p.parse_args(argv)
     from parity.scripts.gpu_scale import cuda_problem
 
@@ -77,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     for phase in args.phases.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             events = profile_forward(pair, phase, batch, device)
-            print(format_groups(f"{phase} batch {batch}", group_kernels(events), args.top))
+            title = f"{phase} batch {batch}"
+            print(format_order(title, events) if args.order else format_groups(title, group_kernels(events), args.top))
     return 0
 
 
