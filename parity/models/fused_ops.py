@@ -191,10 +191,13 @@ if HAS_TRITON:
 
     @embed.register_kernel("cuda")
     def _(ids, weight):
-        if not (ids.dim() == 1 and weight.dim() == 2 and weight.is_contiguous() and not ids.is_floating_point()):
+        # a strided id vector stays with torch's gather: a contiguous copy here would be a block of the graph pool
+        # that the emulated pool never sees
+        if not (ids.dim() == 1 and ids.stride(0) == 1 and weight.dim() == 2 and weight.is_contiguous()
+                and not ids.is_floating_point()):
             return _embed(ids, weight)
         from parity.models import triton_pointwise
-        return triton_pointwise.embed(ids.contiguous(), weight)
+        return triton_pointwise.embed(ids, weight)
 
     @rms_norm.register_kernel("cuda")
     def _(x, weight, eps):
