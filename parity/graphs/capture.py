@@ -56,11 +56,8 @@ class CapturedGraph:
 
     def replay(self, meta=None) -> tuple:
         """Replay every piece; PIECEWISE attention runs eagerly on `meta`, the live metadata."""
-        if not self.calls:      # one piece and no Python between pieces: nothing else to open
-            for segment in self.segments:
-                segment.replay()
-            return self.outputs
-        with one_forward():
+        # Only a piecewise replay runs attention between its pieces and needs the forward's layout scope.
+        with one_forward() if self.calls else contextlib.nullcontext():
             for i, segment in enumerate(self.segments):
                 segment.replay()
                 if i < len(self.calls):
