@@ -12,8 +12,10 @@
   (issue 34's second-corpus shapes, written here as test-local variants): state
   indices written left-padded name `state_index` (not the state slots read), and
   a registry declaring pad 0 (a live slot) names `spec_index`, also when the
-  writes to slot 0 race as on CUDA (a random write order stands in); on the
-  clean engine the reader adds no finding.
+  writes to slot 0 race as on CUDA (a random write order stands in), and
+  when the live row's write lands in every run (no value shows it; the
+  indices do, at the first probed forward); on the clean engine the reader
+  adds no finding.
 """
 
 from __future__ import annotations
@@ -211,6 +213,31 @@ def test_racing_overwrites_get_the_indices_answer_not_a_lucky_experiments(pair, 
     torch.manual_seed(seed)
     named = [leak.buffers for leak in probe_leaks(pair) if leak.buffers and leak.owner == "target"]
     assert named and all(buffers == ["spec_index"] for buffers in named), named
+
+
+def live_wins_mix(self, x, meta):
+    """The mixer with CUDA's `index_copy_` race resolved for the live rows on every call: where a padded row and a
+    live row write one slot, the live row's write lands (written again after the batch's write)."""
+    states = meta.states
+    start = states.state[self.layer_idx].index_select(0, meta.state_index)
+    out, ends = self._mix(x, meta.query_start_loc, start, states.positions)
+    states.spec[self.layer_idx].index_copy_(0, meta.spec_index, ends)
+    qsl = meta.query_start_loc
+    live = int((qsl[1:] > qsl[:-1]).sum())          # padded rows have no tokens
+    states.spec[self.layer_idx].index_copy_(0, meta.spec_index[:live], ends[:live])
+    return out
+
+
+def test_padded_rows_overwriting_a_live_row_are_named_even_when_the_live_write_lands(pair, monkeypatch):
+    """Pad 0 declared: padded rows write live row 0's slot. When the live row's write lands in every run (a race
+    CUDA may resolve either way), no value shows it; the indices do, at the first probed forward."""
+    register = state_slots.register_state_buffers
+    monkeypatch.setattr(state_slots, "register_state_buffers",
+                        lambda buffers, rows, sentinel: register(buffers, rows, 0))
+    monkeypatch.setattr(RecurrentMixer, "mix", live_wins_mix)
+    leaks = [leak for leak in probe_leaks(pair) if leak.owner == "target"]
+    assert leaks and leaks[0].buffers == ["spec_index"] and leaks[0].kinds == ["overwrite"], leaks
+    assert leaks[0].step == 0 and leaks[0].forward == 0, leaks[0]
 
 
 def test_the_clean_hybrid_engine_gets_no_finding_from_the_routes_reader(pair):

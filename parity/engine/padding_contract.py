@@ -5,6 +5,10 @@ row whose INERT entry names a live row's slot reads that row's own (unpoisoned)
 data and writes it back over the row's outputs, identically under both. So,
 when they agree:
 
+0. padded rows whose indexed write targets an element a live row writes in the
+   same op (read from poison A's run by the routes reader,
+   `padding_routes.overwrite_leak`): named from the indices, the same on every
+   backend (on CUDA the two writes race, and this run may keep the live one);
 1. INERT padded entries off their pad value (`off_contract`): the forward is
    re-run with each breached buffer's padded entries set to the pad value (then
    all of them); a repair that changes live outputs names the buffer (PADDING_LEAK
@@ -20,8 +24,11 @@ from parity.engine.padding_routes import overwrite_leak
 from parity.engine.padding_state import slot_evidence
 
 
-def agreed(probe, owner, dispatch, meta, index: int, run, out_a, result):
-    """The forward's result after the checks above (a leak recorded on `probe` when one is found)."""
+def agreed(probe, owner, dispatch, meta, index: int, run, out_a, result, recorder=None):
+    """The forward's result after the checks above (a leak recorded on `probe` when one is found); `recorder`:
+    poison A's run as the routes reader watched it."""
+    if recorder is not None and overwrite_leak(probe, owner, dispatch, meta, index, recorder):
+        return result
     off = off_contract(owner.buffers, dispatch)
     repairs = [[name] for name in sorted(off)] + ([sorted(off)] if len(off) > 1 else [])
     holders = slot_evidence(owner, dispatch, sorted(off))      # before a repair rewrites the padded entries
@@ -39,11 +46,7 @@ def agreed(probe, owner, dispatch, meta, index: int, run, out_a, result):
                              f"reach live ones through entries the builder left off the contract"]
             leak.evidence += [line for line in holders if any(f" {name} " in line for name in names)]
             return run([])[1]
-    if not probe.inert_reads:
-        return result
-    overwritten = overwrite_leak(probe, owner, dispatch, meta, index, run, out_a) if probe.routes else None
-    return overwritten if overwritten is not None else inert_reads(probe, owner, dispatch, meta, index, run, out_a,
-                                                                   result)
+    return inert_reads(probe, owner, dispatch, meta, index, run, out_a, result) if probe.inert_reads else result
 
 
 def inert_reads(probe, owner, dispatch, meta, index: int, run, out_a, result):

@@ -43,7 +43,7 @@ from parity.engine.padding_contract import agreed
 from parity.engine.padding_regions import (PreState, Region, advance_origin, differing, live_outputs,
                                            move_inert, off_contract, padded_kv_writes, regions, restore_contract,
                                            state_regions)
-from parity.engine.padding_routes import overwrites_first, route_regions, with_overwrites
+from parity.engine.padding_routes import names_of, overwrites_first, route_regions, with_overwrites
 from parity.engine.padding_state import STATE_KINDS, poison_state, sentinel_tail, slot_evidence
 
 # KV slots no live request owns hold one of these under each poison (finite: a masked score times a
@@ -82,8 +82,7 @@ class PaddingProbe:
         self.free_blocks = free_blocks          # () -> block ids no request holds, now
         self.step = step                        # () -> the engine step in progress
         # A diagnosis experiment, not a verdict: also move each INERT buffer's padded entries to another
-        # well-formed value, to see whether a live row reads them (`inert_regions`), and read padded rows'
-        # indexed writes (`padding_routes.overwrite_leak`).
+        # well-formed value, to see whether a live row reads them (`inert_regions`).
         self.inert_reads = inert_reads
         self.routes = routes                    # the reader of indexed reads and writes (`padding_routes`)
         self.block_size = block_size
@@ -132,10 +131,13 @@ class PaddingProbe:
         run = lambda b_regions, repair=(), watch=None: self._run(owner, dispatch, fn, meta, pre,  # noqa: E731
                                                                     every, b_regions, repair, watch)
         out_b = run(every)[0]       # not the result: forward B's logits need not live through forward A
-        out_a, result = run([])
+        # Poison A's run is watched by the routes reader: padded rows writing over a live row's element in one op
+        # are a breach whether or not the race shows in this run's values (on CUDA it may not, by chance).
+        recorder = self.routes.recorder(names_of(owner)) if self.routes is not None else None
+        out_a, result = run([], watch=recorder)
         changed = differing(out_a, out_b)
         if not changed:
-            return agreed(self, owner, dispatch, meta, index, run, out_a, result)
+            return agreed(self, owner, dispatch, meta, index, run, out_a, result, recorder)
         leak = self._leak(owner, dispatch, meta, index, changed)
         phase = (owner.name, dispatch.phase)
         if phase not in self.localised_phases and len(self.localised_phases) < MAX_LEAKS_LOCALISED:

@@ -9,11 +9,12 @@ probe asks, and what it makes of the answer:
   indices before any one-variable experiment (`overwrites_first`, on a leak;
   when the forward then does not reproduce itself, as on CUDA where such writes
   race, no experiment follows; otherwise the experiments run twice and their
-  names join it when both runs agree, `with_overwrites`); and,
-  as a diagnosis experiment beside the INERT moves, when
-  the two poisons agree (`overwrite_leak`): the two poisons cannot see a padded
-  row that writes a live row's own (unpoisoned) data over it, and a pad value
-  declared wrong hides it from the contract check;
+  names join it when both runs agree, `with_overwrites`); and at every probed
+  forward whose two poisons agree (`overwrite_leak`, read from poison A's run):
+  the two poisons cannot see a padded row that writes a live row's own
+  (unpoisoned) data over it, a race on CUDA may leave the live row's write
+  standing in this run, and a pad value declared wrong hides it from the
+  contract check;
 - `route_regions`: when poisoning a region of persistent slots alone (KV slots or
   state slots no live row holds) changes live outputs, the index buffer whose
   live entries routed live rows to those slots is named in place of the slots.
@@ -21,7 +22,6 @@ probe asks, and what it makes of the answer:
 
 from __future__ import annotations
 
-from parity.engine.padding_regions import differing
 from parity.engine.padding_state import saved_state
 
 SLOT_REGIONS = ("kv", "state")     # regions poisoned inside persistent slot stores, read through an index
@@ -35,8 +35,13 @@ def labels(owner) -> dict[int, str]:
     return found
 
 
+def names_of(owner) -> dict[int, str]:
+    """storage -> name of the owner's registry buffers: the index buffers a recorder names."""
+    return {t.untyped_storage().data_ptr(): name for name, t in owner.buffers.items()}
+
+
 def _recorded(routes, owner, run, b_regions):
-    recorder = routes.recorder({t.untyped_storage().data_ptr(): name for name, t in owner.buffers.items()})
+    recorder = routes.recorder(names_of(owner))
     out, result = run(b_regions, watch=recorder)
     return recorder, out, result
 
@@ -54,14 +59,13 @@ def _name(leak, names: list[str], evidence: list[str]) -> None:
     leak.evidence += evidence
 
 
-def overwrite_leak(probe, owner, dispatch, meta, index: int, run, out_a):
+def overwrite_leak(probe, owner, dispatch, meta, index: int, recorder) -> bool:
     """When the two poisons agree: a leak recorded on `probe` when padded rows write over live rows' elements in
-    one op, and the forward's result; None when no write does."""
-    names, written, evidence, out, result = _overwrites(probe, owner, dispatch, run)
-    if not names:
-        return None
-    _name(probe._leak(owner, dispatch, meta, index, sorted(differing(out_a, out)) or written), names, evidence)
-    return result
+    one op of the forward `recorder` watched (poison A's run); False when no write does."""
+    names, written, evidence = probe.routes.overwrites(recorder, owner.buffers, dispatch, labels(owner))
+    if names:
+        _name(probe._leak(owner, dispatch, meta, index, written), names, evidence)
+    return bool(names)
 
 
 def overwrites_first(probe, leak, owner, dispatch, run) -> list[str]:
