@@ -209,8 +209,9 @@ def test_a_shadow_run_that_raises_leaves_the_replay_state():
     with emulated.graph(graph):
         audit()
     state["eager_fails"] = True
-    with pytest.raises(RuntimeError, match="eager failure"):
+    with pytest.raises(GraphParityError) as raised:     # a finding, raised as on_mismatch="raise" says
         graph.replay()
+    assert "raised RuntimeError: eager failure" in raised.value.diagnosis["evidence"][0]
     assert torch.equal(cache, torch.ones(4))     # the replay's write, nothing from the shadow run
 
 

@@ -22,13 +22,15 @@ import time
 
 from parity.audit import pool
 from parity.audit.cheap import Rebind, moved_names, reassigned
+from parity.audit.infer import not_callable
 from parity.audit.lab import ShadowLab, shadow
 from parity.audit.localise import localise
 from parity.audit.padded_writes import Recorder, overlaps, racing
 from parity.audit.padding import padding_check
 from parity.audit.shaped import at_graph_shape
 from parity.audit.state import Result, Snapshot, clone_outputs, compare
-from parity.graphs.host_state import moved_in, restore_in
+from parity.graphs.host_state import moved_in, restore_in, short
+from parity.graphs.roles import MISSING, resolve
 
 # Diagnoses of a mismatch that name no role: the padding check may explain them.
 UNPLACED = ("UNEXPLAINED", "CAPTURE_CONTEXT")
@@ -68,8 +70,11 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
         # NOTE: the eager run reads what the replay reads: inputs and context at the graph's (padded) shape,
         # under the torch state the graph was captured in (default dtype and device, inference mode).
         with record.ambient.entered(), at_graph_shape(found, roots) as shaped:
-            with watch or contextlib.nullcontext():
-                eager, log = shadow(record.fn, args, kwargs)
+            try:
+                with watch or contextlib.nullcontext():
+                    eager, log = shadow(record.fn, args, kwargs)
+            except Exception as error:      # noqa: BLE001 - the user's callable: whatever it raises is a finding
+                return [_eager_raised(audit, error, roots)]
             moved = moved_in(pre.host, roots)      # what the callable advanced itself, run eagerly
             restore_in(pre.host, roots)
             for ptr, (live, saved) in log.saved.items():
@@ -85,6 +90,39 @@ def checked_replay(audit, roots: dict, args: tuple, kwargs: dict, found: list[Re
         left.restore()
     pool.remember(audit, replayed.outputs)
     return diagnoses
+
+
+def _eager_raised(audit, error: Exception, roots: dict) -> dict:
+    """The callable, run eagerly on the inputs this replay stands for (at the graph's shape), raised: the graph
+    replays a forward its own callable cannot run on them. Reported, never raised into the program, which goes on
+    from what the replay left; what the graph was replayed for is named when a check saw it (`wrong_graph`,
+    `smaller_than_the_batch`), not guessed here."""
+    where = _raised_at(error)
+    return audit._diagnosis("UNEXPLAINED", [], replays=0, evidence=[
+        f"replay {audit.replays}: the callable run eagerly on this replay's inputs, at the graph's shape, raised "
+        f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}" + (f" ({where})" if where
+                                                                                              else ""),
+        "the graph was replayed for inputs its own callable cannot take at the shape it was captured at: a graph "
+        "looked up for another batch size or another forward would do this; no experiment can run on it"]
+        + _host_moved(audit.record, roots), ruled_out=["the shadow comparison (the eager run did not complete)"])
+
+
+def _host_moved(record, roots: dict) -> list[str]:
+    """One line naming the host values the callable read at capture that hold another value now (the first 4)."""
+    moved = [f"{path} ({short(captured)} at capture, {short(live)} now)" for path, captured in record.host.items()
+             if (live := resolve(path, roots)) is not MISSING and type(live) is type(captured) and live != captured]
+    return [f"host values the capture read that differ now: {', '.join(moved[:4])}"] if moved else []
+
+
+def _raised_at(error: Exception) -> str | None:
+    """file:line of the innermost frame of the program (not torch, not this package) the error passed through."""
+    tb, found = error.__traceback__, None
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not not_callable(name):
+            found = f"{name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
 
 
 def _judge(audit, lab: ShadowLab, replayed: Result, found: list[Rebind], started: float, overlaps: list) -> list[dict]:
