@@ -1,4 +1,5 @@
-"""OUTPUT_ALIASED: the caller read a graph's output after another replay of its forward had overwritten it.
+"""OUTPUT_ALIASED: the caller read a graph's output after another replay of its forward had overwritten it (and
+POOL_ALIAS: after another forward's replay did, `pool.py`).
 
 Graphs of one forward (the same callable at other batch sizes, or its pieces)
 share a pool, and the pool check (`pool.py`) takes a graph's outputs as dead
@@ -51,6 +52,7 @@ class _Watch:
     spans: list[tuple[int, int]]        # its bytes that hold the overwriting replay's temporaries
     saved: torch.Tensor                 # the output as A's replay (or the program since) left it
     culprit: str                        # the graph whose replay overwrote it
+    found: dict | None = None           # another forward's replay overwrote it: the pool check's finding
 
 
 _AUDITS: list["weakref.ReferenceType"] = []
@@ -140,6 +142,14 @@ def after_replay(culprit) -> None:
     if (_WATCHES or kept.wanted()) and not _STATE["pushed"] and not _STATE["paused"] \
             and not torch._C._len_torch_dispatch_stack():
         _push()
+
+
+def watch(audit, index: int, saved: torch.Tensor, culprit: str, found: dict) -> None:
+    """Watch output `index` of `audit`, overwritten by the replay of another forward's graph (`pool.after_replay`:
+    `found`, its finding): reported when the program reads it (call between `before_` and `after_replay`)."""
+    out = audit.record.outputs[index]
+    _WATCHES[:] = [w for w in _WATCHES if not (w.audit() is audit and w.index == index)]
+    _WATCHES.append(_Watch(weakref.ref(audit), index, [byte_range(out)], saved, culprit, found))
 
 
 def stop() -> None:
@@ -249,6 +259,12 @@ def _confirm(watch: _Watch, func, args, kwargs, written):
     if all(bit_equal(a, b) for a, b in zip(as_left, _values(out, written))):
         return out              # NOTE: what it read of the overwritten bytes did not change its result
     name, where = audit.record.output_names[watch.index], _caller()
+    if watch.found is not None:
+        found = dict(watch.found)
+        found["evidence"] = [*found["evidence"], f"then {func} at {where} read it: the same {func} on a copy of "
+                             f"{name} as {audit.name!r}'s replay left it gives other values"]
+        audit._report(audit._diagnosis(found.pop("kind"), found.pop("buffers"), **found))
+        return out
     audit._report(audit._diagnosis(
         "OUTPUT_ALIASED", [name], captured_address=output.data_ptr(), replays=0, evidence=[
             f"output {name} of graph {audit.name!r} was written again by its own next replay: called eagerly it "

@@ -15,8 +15,13 @@ its output buffer in place between pieces): that is their value now. After
 the replay, one that changed was overwritten by that replay: its temporaries
 were placed in the same pool memory (seed 004). To confirm, the output is
 restored and the suspect graph replayed once more on its own: if the output
-changes again, it is POOL_ALIAS. The confirmation leaves every byte it
-touched as the real replay left it.
+changes again, the two graphs share pool memory. The confirmation leaves every
+byte it touched as the real replay left it. Sharing a pool is no bug by
+itself (an engine that copies an output into a buffer of its own inside the
+capture never reads it after): the overwritten output is watched
+(`lifetime.watch`), and POOL_ALIAS is reported when the program reads it
+before its graph replays again, and the read gives other values than on the
+output as its replay left it.
 """
 
 from __future__ import annotations
@@ -131,8 +136,8 @@ def _changed(live: _Live) -> str | None:
 
 
 def after_replay(culprit) -> None:
-    """Report, to their audits, live outputs of other forwards that `culprit`'s replay just overwrote."""
-    found = []
+    """Live outputs of other forwards that `culprit`'s replay just overwrote: each is watched (`lifetime.watch`)
+    and reported, to its audit, only when the program reads it before its own graph replays again."""
     for family, live in list(_LIVE.items()):
         victim = live.audit()
         if victim is None:
@@ -150,13 +155,13 @@ def after_replay(culprit) -> None:
         else:
             evidence.append(f"replaying {culprit.name!r} alone on restored outputs did not overwrite them again")
         index = victim.record.output_names.index(name)
-        found.append((victim, victim._diagnosis(
-            "POOL_ALIAS" if again else "UNEXPLAINED", [name], captured_address=live.outputs[index].data_ptr(),
-            evidence=evidence, replays=1,
-            experiment=f"restore the outputs of {victim.name!r}, replay {culprit.name!r} alone" if again else None,
-            ruled_out=[] if again else [f"replay {culprit.name!r} alone on restored outputs"])))
-    for victim, diagnosis in found:
-        victim._report(diagnosis)
+        found = dict(kind="POOL_ALIAS" if again else "UNEXPLAINED", buffers=[name],
+                     captured_address=live.outputs[index].data_ptr(), evidence=evidence, replays=1,
+                     experiment=f"restore the outputs of {victim.name!r}, replay {culprit.name!r} alone"
+                     if again else None,
+                     ruled_out=[] if again else [f"replay {culprit.name!r} alone on restored outputs"])
+        from parity.audit import lifetime     # NOTE: lifetime imports this module
+        lifetime.watch(victim, index, live.values[index], culprit.name, found)
 
 
 def _overwrites_again(culprit, live: _Live) -> bool:
