@@ -15,7 +15,8 @@ import torch
 
 from parity.audit.bench import measure_overhead
 from parity.commands.bench_scale import register_scale, scale
-from parity.commands.common import EXIT_PASS, Parser, console, count, non_negative
+from parity.commands.common import console
+from parity.commands.options import EXIT_PASS, Parser, count, non_negative
 from parity.errors import ParityInputError
 from parity.faults.catalog import FAULTS, home_scenario
 from parity.harness import bench, false_alarms

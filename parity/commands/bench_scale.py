@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from parity.commands.common import EXIT_PASS, console, count
+from parity.commands.common import console
+from parity.commands.options import EXIT_PASS, count
 from parity.errors import ParityInputError
 from parity.harness.bench_scale import run_figures, scale_forwards, time_scale_run
 from parity.harness.release import reclaim

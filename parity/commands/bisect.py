@@ -6,7 +6,8 @@ import json
 
 from rich.console import Console
 
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, run_request
+from parity.commands.common import run_request
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS, add_common
 from parity.diagnosis.kinds import NONE
 from parity.diagnosis.panel import diagnosis_panel
 from parity.harness.session import bisect_session

@@ -39,7 +39,7 @@ import traceback
 import torch
 
 import parity
-from parity.commands.common import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, Parser
+from parity.commands.options import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, Parser
 from parity.commands.streams import surviving_stdout
 from parity.errors import ParityInputError, Terminated
 

@@ -7,7 +7,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from parity.commands.common import EXIT_PASS, Parser, non_negative
+from parity.commands.options import EXIT_PASS, Parser, non_negative
 from parity.faults.catalog import FAULTS
 from parity.commands.matrix import matrix_rows, run_matrix
 from parity.graphs.modes import MODES

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, console, engine_parts, requested_modes
-from parity.commands.outputs import add_force, check_out, save_run
+from parity.commands.common import console, engine_parts, requested_modes
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS, add_common, add_force
+from parity.commands.outputs import check_out, save_run
 from parity.errors import ParityInputError
 from parity.harness.gate import GateRequest, check_output_path, run_gate
 from parity.importers.vllm import MAX_COUNT

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from parity.commands.common import EXIT_PASS, console
+from parity.commands.common import console
+from parity.commands.options import EXIT_PASS
 from parity.importers.vllm import load_vllm
 from parity.report.imported import render_record
 

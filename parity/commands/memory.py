@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from parity.commands.common import EXIT_PASS, console, gibibytes
+from parity.commands.common import console
+from parity.commands.options import EXIT_PASS, gibibytes
 from parity.harness.plan import check_plan
 from parity.harness.request_plan import plan_of
 from parity.report.bench import concurrency_line

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from parity.commands.common import EXIT_PASS, Parser
+from parity.commands.options import EXIT_PASS, Parser
 from parity.errors import ParityInputError
 from parity.models.assets import write_manifest
 from parity.builders.synth.at_load import DEFAULT_SCALE, write_recipe

@@ -23,7 +23,8 @@ from parity.analysis.summary import SCHEMA_VERSION
 
 # Schema 1 runs (before the padded-reference verdict) still render: their modes lack `reference`.
 READABLE_SCHEMAS = (1, SCHEMA_VERSION)
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, console
+from parity.commands.common import console
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS
 from parity.engine.config import MAX_K
 from parity.errors import ParityInputError
 from parity.files import is_file, read_text_file

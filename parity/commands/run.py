@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, count, run_request
+from parity.commands.common import run_request
 from parity.commands.memory import (add_memory_options, print_process, print_run, print_session, process_age, show_plan,
                                     with_memory)
 from parity.commands import tp
-from parity.commands.outputs import add_force, check_out, save_run
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS, add_common, add_force, count
+from parity.commands.outputs import check_out, save_run
 from parity.harness.session import run_session
 from parity.report.console import render
 from parity.report.diagnosis import diagnoses_view

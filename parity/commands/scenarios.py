@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from parity.commands.common import EXIT_PASS, Parser
+from parity.commands.options import EXIT_PASS, Parser
 from parity.errors import ParityInputError
 from parity.harness.scenario import load_scenario
 

@@ -23,8 +23,9 @@ import torch.multiprocessing as mp
 from rich.console import Console
 
 from parity.builders.synth.at_load import generate_pair
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, count, positive, run_request
+from parity.commands.common import run_request
 from parity.commands.memory import show_plan, with_memory
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS, count, positive
 from parity.commands.outputs import check_out, save_run
 from parity.diagnosis.panel import diagnosis_panel
 from parity.errors import ParityInputError
