@@ -1,5 +1,5 @@
-"""What the commands share once they run: requests from arguments, the console (what their arguments
-share, exit codes included, is options.py)."""
+"""What the commands share once they run: requests from arguments, the console, the at-load pairs' generator
+(what their arguments share, exit codes included, is options.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,19 @@ import os
 
 from rich.console import Console
 
+from parity.builders.synth.at_load import generate_pair
 from parity.errors import ParityInputError
 from parity.faults.catalog import resolve_faults
 from parity.faults.seam import apply
 from parity.harness.request import RunRequest
 from parity.harness.simulated_numerics import simulate_padding_numerics
+from parity.models import pair
 from parity.models.zoo import check_model_paths, scenario_of
+
+# `parity models synth --at-load` pairs are drawn at load (each rank its slices): the generator is a builder,
+# which only commands may import, so the command layer hands it to the loader: here, in the module every
+# command that loads a pair imports (run and its ranks, bisect, gate, bench, bench scale).
+pair.register_generator(generate_pair)
 
 
 def requested_modes(text: str | None) -> tuple[str, ...] | None:

@@ -22,7 +22,6 @@ import torch
 import torch.multiprocessing as mp
 from rich.console import Console
 
-from parity.builders.synth.at_load import generate_pair
 from parity.commands.common import run_request
 from parity.commands.memory import show_plan, with_memory
 from parity.commands.options import EXIT_DRIFT, EXIT_PASS, count, positive
@@ -31,7 +30,7 @@ from parity.diagnosis.panel import diagnosis_panel
 from parity.errors import ParityInputError
 from parity.harness.request import resolve_backend
 from parity.harness.tp_session import TpLaunch, leave, run_rank, run_verdict
-from parity.models import loader, pair, tp
+from parity.models import loader, tp
 from parity.models.zoo import resolve_paths
 from parity.report.artifacts import write_run
 from parity.report.atomic import write_json
@@ -40,9 +39,6 @@ from parity.report.diagnosis import diagnoses_view
 from parity.report.writers import RUN_REPORT_WRITERS, write_diagnosis
 
 GRACE_S = 5.0      # after the first rank reports, how much longer than the timeout the others get
-# `parity models synth --at-load` pairs are drawn at load (each rank its slices): the generator is a builder,
-# which only commands may import, so the command layer hands it to the loader.
-pair.register_generator(generate_pair)
 
 
 def add_tp_options(p) -> None:
