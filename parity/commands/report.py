@@ -38,13 +38,6 @@ _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, Overf
               ConsoleError)
 
 
-def register(sub) -> None:
-    report = sub.add_parser("report", help="re-render a saved run (no model needed)")
-    report.add_argument("dir", help="a run folder holding summary.json")
-    report.add_argument("--markdown", action="store_true", help="print report.md's Markdown instead")
-    report.set_defaults(handler=main)
-
-
 def main(args) -> int:
     """Re-render a saved run from its summary.json."""
     summary = load_summary(Path(args.dir))

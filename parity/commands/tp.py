@@ -24,7 +24,7 @@ from rich.console import Console
 
 from parity.commands.common import run_request
 from parity.commands.memory import show_plan, with_memory
-from parity.commands.options import EXIT_DRIFT, EXIT_PASS, count, positive
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS
 from parity.commands.outputs import check_out, save_run
 from parity.diagnosis.panel import diagnosis_panel
 from parity.errors import ParityInputError
@@ -39,17 +39,6 @@ from parity.report.diagnosis import diagnoses_view
 from parity.report.writers import RUN_REPORT_WRITERS, write_diagnosis
 
 GRACE_S = 5.0      # after the first rank reports, how much longer than the timeout the others get
-
-
-def add_tp_options(p) -> None:
-    p.add_argument("--tp", type=count, default=1, metavar="N",
-                   help="tensor-parallel ranks (the target sharded over N processes; docs/tp.md)")
-    p.add_argument("--tp-timeout", type=positive, default=None, metavar="SECONDS",
-                   help="how long a collective or a descriptor exchange may wait for a peer rank (default 120; "
-                        "needs --tp 2 or more)")
-    p.add_argument("--tp-all-reduce", choices=("collective", "registered"), default=None,
-                   help="the row-parallel all-reduce: the backend's collective (NCCL, gloo), or a custom all-reduce "
-                        "through registered buffers every rank maps (docs/tp.md); needs --tp 2 or more")
 
 
 def check_single_process(args) -> None:
