@@ -1,10 +1,11 @@
 """`python -m parity` and the `parity` script: signals that arrive while starting are one line too.
 
-Importing torch and transformers takes seconds; a SIGINT or SIGTERM in that
-time would otherwise print an import traceback (SIGINT) or end the process with
-no word (SIGTERM). Nothing is written before the command runs, so the process
-just says so and exits 128 + the signal; once the command runs, the error
-boundary (commands/boundary.py) handles signals as it handles everything else.
+A SIGINT or SIGTERM while the command line is imported would otherwise print
+an import traceback (SIGINT) or end the process with no word (SIGTERM).
+Nothing is written before the command runs, so the process just says so and
+exits 128 + the signal; once the command runs, the error boundary
+(commands/boundary.py) handles signals as it handles everything else, the
+seconds of torch and transformers a command imports as it starts included.
 """
 
 import os
@@ -31,7 +32,7 @@ def main() -> int:
     if width > 1 or warm.bench_run(sys.argv[1:]):
         mps.start(sys.argv[1:])              # before any CUDA context here or in a worker: all are its clients
     warm.start(width)                        # workers a concurrent run will want import while this process does
-    from parity.cli import main as run_cli   # torch, transformers: seconds of imports
+    from parity.cli import main as run_cli   # light: a command imports torch and transformers as it runs
 
     for signum, handler in previous.items():
         signal.signal(signum, handler)

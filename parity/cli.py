@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import sys
 
-from parity.commands import bench, bisect, faults, gate, imports, models, report, run, scenarios
+# Each command's arguments (commands/<command>_args.py): light, so `--help` and a bad flag answer at once. The
+# command's own module (commands/<command>.py), and torch with it, is imported only when the command runs.
+from parity.commands import (bench_args, bisect_args, faults_args, gate_args, imports_args, models_args, report_args,
+                             run_args, scenarios_args)
 from parity.commands.boundary import run_command
 
-COMMANDS = (run, bisect, faults, report, gate, imports, models, scenarios, bench)
+COMMANDS = (run_args, bisect_args, faults_args, report_args, gate_args, imports_args, models_args, scenarios_args,
+            bench_args)
 
 
 def main(argv: list[str] | None = None) -> int:

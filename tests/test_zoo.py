@@ -79,7 +79,8 @@ def test_the_no_download_route_is_a_synth_command_and_the_local_run_of_its_outpu
                                             ("tiny-llama3-eagle", "scenarios/default.yaml"),
                                             ("local", "scenarios/default.yaml")])
 def test_a_model_runs_its_own_scenario_unless_one_is_given(name, scenario):
-    from parity.commands.common import add_common, run_request
+    from parity.commands.common import run_request
+    from parity.commands.options import add_common
     parser = argparse.ArgumentParser()
     add_common(parser)
     paths = ["--target-path", "t", "--draft-path", "d"] if name == "local" else []

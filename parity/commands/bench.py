@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 
 from parity.audit.bench import measure_overhead
-from parity.commands.bench_scale import register_scale, scale
-from parity.commands.common import EXIT_PASS, Parser, console, count, non_negative
+from parity.commands.bench_steps import STEPS
+from parity.commands.bench_scale import scale
+from parity.commands.common import console
+from parity.commands.options import EXIT_PASS
 from parity.errors import ParityInputError
 from parity.faults.catalog import FAULTS, home_scenario
 from parity.harness import bench, false_alarms
@@ -23,40 +25,8 @@ from parity.harness.clean_alarms import clean_alarms
 from parity.harness.scenario import load_scenario
 from parity.models.pair import load_pair
 from parity.builders.synth.build import synthesize
-from parity.builders.synth.spec import SHAPES, TARGET_FOLDER, SynthRequest
+from parity.builders.synth.spec import TARGET_FOLDER, SynthRequest
 from parity.report.bench import alarms_line, audit_line
-
-STEPS = ("latency", "parity", "bisect", "audit", "alarms", "analysis")
-
-
-def register(sub) -> None:
-    p = sub.add_parser("bench", help="side-by-side latency ratios, make-parity wall time, bisection cost")
-    p.add_argument("--json", default="reports/bench.json", help="where to write every figure")
-    p.add_argument("--skip", default="", help="comma-separated: " + ",".join(STEPS))
-    p.add_argument("--iters", type=count, default=30)
-    p.add_argument("--faults", default="", metavar="NAME,...",
-                   help="bisection: these faults of the catalog only (default: every fault)")
-    p.add_argument("--seeds", type=count, default=1, help="false alarms: seeds per shipped scenario (default 1)")
-    p.add_argument("--alarm-requests", type=count, default=3, help="false alarms: requests per scenario (default 3)")
-    p.add_argument("--alarm-tokens", type=count, default=12, help="false alarms: tokens per request (default 12)")
-    p.add_argument("--numerics-scale", type=non_negative, default=None,
-                   help="false alarms: the simulated padding numerics (see --simulate-padding-numerics; default 0.1, "
-                        "but 0 for --alarm-shape on CUDA, whose bf16 kernels have padding numerics of their own)")
-    p.add_argument("--alarm-shape", default=None, choices=sorted(SHAPES),
-                   help="false alarms: on a synthetic pair of this shape in bf16 (built in a temporary folder), "
-                        "not the embedded tiny pair: `tiny` on a CPU, `llama3-1b` on a GPU")
-    suites = p.add_subparsers(dest="suite", parser_class=Parser)
-    register_scale(suites)
-    fa = suites.add_parser("false-alarms", help="the gate's false-alarm rate on the clean engine over many seeds")
-    fa.add_argument("--scenario", default="scenarios/default.yaml")
-    fa.add_argument("--seeds", type=count, default=50)
-    fa.add_argument("--requests", type=count, default=2)
-    fa.add_argument("--max-tokens", type=count, default=12)
-    fa.add_argument("--temperature", type=non_negative, default=0.8)
-    fa.add_argument("--mode", default="full")
-    fa.add_argument("--backend", default="emulated", choices=["auto", "cuda", "emulated"])
-    p.set_defaults(handler=main)
-
 
 def main(args) -> int:
     """Run the benchmarks asked for and print their figures."""

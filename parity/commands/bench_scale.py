@@ -7,37 +7,14 @@ from pathlib import Path
 
 import torch
 
-from parity.commands.common import EXIT_PASS, console, count
+from parity.commands.common import console
+from parity.commands.options import EXIT_PASS
 from parity.errors import ParityInputError
 from parity.harness.bench_scale import run_figures, scale_forwards, time_scale_run
 from parity.harness.release import reclaim
 from parity.harness.request import RunRequest, resolve_dtype
 from parity.models.pair import load_pair
-from parity.models.zoo import LOCAL_MODEL
 from parity.report.bench import forwards_table, run_table
-
-
-def register_scale(suites) -> None:
-    sc = suites.add_parser("scale", help="a real-shape pair on one GPU: eager vs FULL per forward, kernels, the "
-                                         "weight-read floor, and a whole run's time and memory")
-    sc.add_argument("--model", default=LOCAL_MODEL, help="zoo name (default: the pair at --target/--draft-path)")
-    sc.add_argument("--target-path", default=None)
-    sc.add_argument("--draft-path", default=None)
-    sc.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    sc.add_argument("--scenario", default="scenarios/llama3-eagle.yaml", help="the scenario run in every mode")
-    sc.add_argument("--run-summary", default=None, metavar="SUMMARY_JSON",
-                    help="take the run's figures from a `parity run` folder's summary.json instead of running")
-    sc.add_argument("--skip-run", action="store_true", help="forwards only")
-    sc.add_argument("--jobs", type=count, default=None, metavar="N",
-                    help="runs of the whole run at once (1: one after another; default: as `parity run`)")
-    sc.add_argument("--no-mps", action="store_true", help="the run's concurrent workers without a private MPS "
-                                                            "daemon (as `parity run --no-mps`)")
-    sc.add_argument("--skip-forwards", action="store_true", help="the run only")
-    sc.add_argument("--batches", default="1,8,32", help="batch sizes of the per-forward figures")
-    sc.add_argument("--max-model-len", type=count, default=512)
-    sc.add_argument("--forward-iters", type=count, default=20, help="timed iterations per forward")
-    sc.add_argument("--json", dest="scale_json", default="reports/bench-scale.json",
-                    help="where to write every figure")
 
 
 def scale(args) -> int:

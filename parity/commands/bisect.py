@@ -6,19 +6,11 @@ import json
 
 from rich.console import Console
 
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, run_request
+from parity.commands.common import run_request
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS
 from parity.diagnosis.kinds import NONE
 from parity.diagnosis.panel import diagnosis_panel
 from parity.harness.session import bisect_session
-
-
-def register(sub) -> None:
-    bisect = sub.add_parser("bisect", help="diagnose why a graph mode drifts from eager")
-    add_common(bisect)
-    bisect.add_argument("--mode", default=None,
-                        help="the graph mode to bisect (default: the first scenario mode that drifts)")
-    bisect.add_argument("--json", action="store_true", help="print the diagnosis object alone on stdout")
-    bisect.set_defaults(handler=main)
 
 
 def main(args) -> int:

@@ -36,10 +36,8 @@ import threading
 import time
 import traceback
 
-import torch
-
 import parity
-from parity.commands.common import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, Parser
+from parity.commands.options import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, Parser
 from parity.commands.streams import surviving_stdout
 from parity.errors import ParityInputError, Terminated
 
@@ -123,12 +121,16 @@ def _unexpected_or_known(exc: Exception) -> int:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's refusal."""
+    import torch    # here, not at the top: a --help or a bad flag passes this boundary without torch
+
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in str(exc) or "out of memory" in str(exc))
 
 
 def _memory_detail(exc: BaseException) -> str:
+    import torch
+
     device = "device" if isinstance(exc, torch.OutOfMemoryError) else "host"
     asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]i?B)", str(exc)) or \
         re.search(r"allocate (\d+) bytes", str(exc))
@@ -153,6 +155,8 @@ def _short(exc: BaseException, limit: int = 200) -> str:
 def save_traceback(exc: BaseException) -> str | None:
     """Write the traceback (with versions and argv) to a new file under the temp folder; its path, or None."""
     try:
+        import torch
+
         stamp = time.strftime("%Y%m%d-%H%M%S")
         fd, path = tempfile.mkstemp(prefix=f"parity-traceback-{stamp}-", suffix=".txt")
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:

@@ -7,27 +7,12 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from parity.commands.common import EXIT_PASS, Parser, non_negative
+from parity.commands.options import EXIT_PASS
 from parity.faults.catalog import FAULTS
 from parity.commands.matrix import matrix_rows, run_matrix
 from parity.graphs.modes import MODES
 from parity.harness.request import resolve_backend
 from parity.report.catalog import fault_catalog
-
-
-def register(sub) -> None:
-    faults = sub.add_parser("faults", help="the catalog of injectable bugs")
-    faults_sub = faults.add_subparsers(dest="faults_command", required=True, parser_class=Parser)
-    faults_sub.add_parser("list", help="every fault with its kind, site and source report")
-    matrix = faults_sub.add_parser("matrix", help="inject every fault, run every mode, print the diagnoses")
-    matrix.add_argument("--model", default="tiny-llama3-eagle")
-    matrix.add_argument("--backend", default="auto", choices=["auto", "cuda", "emulated"])
-    matrix.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weights dtype of every run (as `parity run --dtype`)")
-    matrix.add_argument("--simulate-padding-numerics", type=non_negative, default=0.0, metavar="SCALE",
-                        help="run every fault under the padding-numerics test seam (as `parity run`)")
-    matrix.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    faults.set_defaults(handler=main)
 
 
 def main(args) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, add_common, console, engine_parts, requested_modes
-from parity.commands.outputs import add_force, check_out, save_run
+from parity.commands.common import console, engine_parts, requested_modes
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS
+from parity.commands.outputs import check_out, save_run
 from parity.errors import ParityInputError
 from parity.harness.gate import GateRequest, check_output_path, run_gate
 from parity.importers.vllm import MAX_COUNT
@@ -14,23 +15,6 @@ from parity.report.atomic import write_json, write_text
 from parity.report.gate import render_gate, render_gate_markdown
 from parity.report.junit import write_junit
 from parity.report.progress import mode_progress
-
-
-def register(sub) -> None:
-    gate = sub.add_parser("gate", help="CI gate: fail on acceptance or parity drift (JUnit, Markdown, baselines)")
-    add_common(gate)
-    add_force(gate)
-    gate.set_defaults(scenario=None)   # engine runs: scenarios/default.yaml; imports: default tolerances
-    gate.add_argument("--baseline", default=None, metavar="FILE", help="compare every mode with this baseline")
-    gate.add_argument("--update-baseline", action="store_true",
-                      help="write the run's counts to --baseline (default scenarios/baselines/<scenario>.json)")
-    gate.add_argument("--junit", default=None, metavar="FILE", help="write JUnit XML here")
-    gate.add_argument("--markdown", default=None, metavar="FILE", help="write a Markdown summary here")
-    gate.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
-                      help="a vLLM metrics or printed-acceptance file (repeat; the first is the reference)")
-    gate.add_argument("--num-drafts", type=int, default=None, metavar="N",
-                      help="drafts behind rates-only imports (vLLM's printed text), for a statistical test")
-    gate.set_defaults(handler=main)
 
 
 def main(args) -> int:

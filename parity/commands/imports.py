@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import json
 
-from parity.commands.common import EXIT_PASS, console
+from parity.commands.common import console
+from parity.commands.options import EXIT_PASS
 from parity.importers.vllm import load_vllm
 from parity.report.imported import render_record
-
-
-def register(sub) -> None:
-    imp = sub.add_parser("import", help="read acceptance from vLLM (metrics text or printed example output)")
-    imp.add_argument("file", help="Prometheus text of /metrics, or the text vLLM's eagle example printed")
-    imp.add_argument("--num-drafts", type=int, default=None, metavar="N", help="drafts behind printed rates")
-    imp.add_argument("--format", default="auto", choices=["auto", "prometheus", "text"])
-    imp.add_argument("--json", action="store_true", help="print the acceptance record as JSON")
-    imp.set_defaults(handler=main)
 
 
 def main(args) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -17,7 +18,7 @@ import torch
 
 from parity.builders.synth.build import synthesize
 from parity.builders.synth.spec import TARGET_FOLDER, SynthRequest
-from parity.commands import run
+from parity.commands import run_args
 from parity.commands.boundary import run_command
 from parity.faults.catalog import FAULTS, SCENARIOS, home_scenario
 from parity.graphs.modes import MODES
@@ -64,6 +65,9 @@ def run_matrix(model: str = "tiny-llama3-eagle", backend: str = "emulated", name
 
         done = (lambda name, _: progress(name)) if progress is not None else None
         if backend == "emulated" and forkable():
+            # `parity run`'s own module, imported once here, not in every child (the command line imports it only
+            # as the command runs).
+            importlib.import_module("parity.commands.run")
             return dict(zip(names, fork_map(lambda name: summary(name, *_in_process(argv(name))), names, jobs,
                                             on_result=done)))
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -96,7 +100,7 @@ def _in_process(argv: list[str]) -> tuple[int, str]:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = run_command(argv, (run,))
+        code = run_command(argv, (run_args,))
     return code, err.getvalue()
 
 

@@ -5,21 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from parity.commands.common import EXIT_PASS, console, gibibytes
+from parity.commands.common import console
+from parity.commands.options import EXIT_PASS
 from parity.harness.plan import check_plan
 from parity.harness.request_plan import plan_of
 from parity.report.bench import concurrency_line
 from parity.report.memory import render_plan, run_line
-
-
-def add_memory_options(p) -> None:
-    p.add_argument("--plan", action="store_true",
-                   help="print the memory plan (component x mode) and exit, loading no weight: 0 when it fits, "
-                        "2 when it does not")
-    p.add_argument("--verbose", action="store_true",
-                   help="one line per run: capture and run seconds, peak and leftover device memory")
-    p.add_argument("--device-memory", type=gibibytes, default=None, metavar="GIB",
-                   help="plan against a device with this much free memory instead of measuring it")
 
 
 def with_memory(request, args):

@@ -24,10 +24,6 @@ REPORTS = Path("reports")
 _MAX_TRIES = 16
 
 
-def add_force(p) -> None:
-    p.add_argument("--force", action="store_true", help="replace the run already in --out (run folders only)")
-
-
 def check_out(args) -> None:
     """Refuse, before any model loads, an --out the run could not be placed in."""
     if args.out is not None:

@@ -23,7 +23,8 @@ from parity.analysis.summary import SCHEMA_VERSION
 
 # Schema 1 runs (before the padded-reference verdict) still render: their modes lack `reference`.
 READABLE_SCHEMAS = (1, SCHEMA_VERSION)
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, console
+from parity.commands.common import console
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS
 from parity.engine.config import MAX_K
 from parity.errors import ParityInputError
 from parity.files import is_file, read_text_file
@@ -35,13 +36,6 @@ from parity.report.markdown import render_markdown
 # What a broken summary makes a renderer raise; anything else is a bug and reaches the boundary.
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError,
               ConsoleError)
-
-
-def register(sub) -> None:
-    report = sub.add_parser("report", help="re-render a saved run (no model needed)")
-    report.add_argument("dir", help="a run folder holding summary.json")
-    report.add_argument("--markdown", action="store_true", help="print report.md's Markdown instead")
-    report.set_defaults(handler=main)
 
 
 def main(args) -> int:

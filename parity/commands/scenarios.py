@@ -7,17 +7,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from parity.commands.common import EXIT_PASS, Parser
+from parity.commands.options import EXIT_PASS
 from parity.errors import ParityInputError
 from parity.harness.scenario import load_scenario
-
-
-def register(sub) -> None:
-    scenarios = sub.add_parser("scenarios", help="list shipped scenarios")
-    scenarios_sub = scenarios.add_subparsers(dest="scenarios_command", required=True, parser_class=Parser)
-    ls = scenarios_sub.add_parser("list", help="scenario files and what they reproduce")
-    ls.add_argument("--dir", default="scenarios")
-    scenarios.set_defaults(handler=main)
 
 
 def main(args) -> int:

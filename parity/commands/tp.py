@@ -22,15 +22,15 @@ import torch
 import torch.multiprocessing as mp
 from rich.console import Console
 
-from parity.builders.synth.at_load import generate_pair
-from parity.commands.common import EXIT_DRIFT, EXIT_PASS, count, positive, run_request
+from parity.commands.common import run_request
 from parity.commands.memory import show_plan, with_memory
+from parity.commands.options import EXIT_DRIFT, EXIT_PASS
 from parity.commands.outputs import check_out, save_run
 from parity.diagnosis.panel import diagnosis_panel
 from parity.errors import ParityInputError
 from parity.harness.request import resolve_backend
 from parity.harness.tp_session import TpLaunch, leave, run_rank, run_verdict
-from parity.models import loader, pair, tp
+from parity.models import loader, tp
 from parity.models.zoo import resolve_paths
 from parity.report.artifacts import write_run
 from parity.report.atomic import write_json
@@ -39,20 +39,6 @@ from parity.report.diagnosis import diagnoses_view
 from parity.report.writers import RUN_REPORT_WRITERS, write_diagnosis
 
 GRACE_S = 5.0      # after the first rank reports, how much longer than the timeout the others get
-# `parity models synth --at-load` pairs are drawn at load (each rank its slices): the generator is a builder,
-# which only commands may import, so the command layer hands it to the loader.
-pair.register_generator(generate_pair)
-
-
-def add_tp_options(p) -> None:
-    p.add_argument("--tp", type=count, default=1, metavar="N",
-                   help="tensor-parallel ranks (the target sharded over N processes; docs/tp.md)")
-    p.add_argument("--tp-timeout", type=positive, default=None, metavar="SECONDS",
-                   help="how long a collective or a descriptor exchange may wait for a peer rank (default 120; "
-                        "needs --tp 2 or more)")
-    p.add_argument("--tp-all-reduce", choices=("collective", "registered"), default=None,
-                   help="the row-parallel all-reduce: the backend's collective (NCCL, gloo), or a custom all-reduce "
-                        "through registered buffers every rank maps (docs/tp.md); needs --tp 2 or more")
 
 
 def check_single_process(args) -> None:

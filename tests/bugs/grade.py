@@ -32,6 +32,7 @@ Exit status: 1 on MISSED, FALSE ALARM, NO-APPLY or ERROR (unless the bug is a kn
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -214,7 +215,10 @@ def grade_bugs(bugs: list[Bug], tree: Path, backend: str, jobs: int = 2, timeout
     """Every bug graded, `jobs` at a time: on the emulated backend each in a child forked from this process
     (torch already imported), on CUDA, or once this process has initialised CUDA (neither survives a fork),
     through fresh interpreters."""
-    import parity.cli  # noqa: F401 - torch, transformers and the rest imported once, before the forks
+    # torch, transformers and the rest imported once, before the forks (parity.cli imports a command's module
+    # only when the command runs)
+    for command in ("run", "gate"):
+        importlib.import_module(f"parity.commands.{command}")
     build_pairs(bugs)
     from parity.harness.forked import ForkedError, fork_map, forkable
 

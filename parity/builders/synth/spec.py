@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from parity.errors import ParityInputError
 
 HEADS = ("eagle1", "eagle3", "mtp-deepseek", "mtp-qwen3next")
 MAX_MTP_LAYERS = 8
 TARGET_FOLDER = "target"
 INFO_FILE = "synth_info.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The weights dtypes, by torch's names. No torch is imported at the top of this module: the command line's
+# parser lists SHAPES (`parity bench --alarm-shape`), and its --help and bad flags answer before torch loads.
+DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 # The tokenizer's special tokens (parity/assets/tiny-llama3-eagle's word-level vocabulary).
 BOS_ID, EOS_ID = 1, 2
@@ -153,11 +153,16 @@ class SynthRequest:
         return tuple(range(every - 1, self.spec.num_hidden_layers, every)) if every else ()
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def torch_dtype(self):
+        """torch's dtype of `dtype` (torch.float32, ...)."""
+        import torch
 
-    def torch_device(self) -> torch.device:
+        return getattr(torch, self.dtype)
+
+    def torch_device(self):
         """The device weights are generated and calibrated on (auto: CUDA when present)."""
+        import torch
+
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ParityInputError("--device cuda: CUDA is not available on this machine (use cpu or auto)")
         if self.device == "auto":
