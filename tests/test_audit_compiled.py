@@ -52,7 +52,7 @@ def program(sampler):
 
 @pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode], ids=lambda m: m.__name__)
 def test_compiled_code_between_replays_stays_compiled_under_the_audit_and_computes_the_same(grad_mode):
-    """Under inference mode the watcher's re-arming function mode is on the stack too (`lifetime._Rearm`): dynamo
+    """Under inference mode the watcher's re-arming function mode is on the stack too (`rearm.Rearm`): dynamo
     must not trace its key calls into the sampler."""
     sampler, calls = counted(lambda t: (t * 3).softmax(-1).argmax(-1))
     with grad_mode():

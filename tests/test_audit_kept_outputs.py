@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from parity.audit import GraphAudit, auto_audit, emulated, lifetime
+from parity.audit.rearm import Rearm
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -93,7 +94,7 @@ def test_a_view_kept_past_its_graphs_next_replay_is_output_aliased(inference, de
     assert "test_audit_kept_outputs.py" in session.errors[0].diagnosis["evidence"][1]    # where the program read it
     assert torch.equal(got, run(kept_across_its_own_replay, inference=inference, device=device))   # its own values
     modes = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
-    assert torch._C._len_torch_dispatch_stack() == 0 and not any(isinstance(m, lifetime._Rearm) for m in modes)
+    assert torch._C._len_torch_dispatch_stack() == 0 and not any(isinstance(m, Rearm) for m in modes)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -4,7 +4,7 @@
 read after the run, when later replays of the same graph have overwritten them. Truth (docs/bugs.md):
 OUTPUT_ALIASED naming the forward's output: a view kept from an earlier replay of its own graph
 (`parity/audit/kept.py`), seen although the runner replays inside `torch.inference_mode()` (whose exit took the
-watcher's dispatch keys off: `lifetime._Rearm`).
+watcher's dispatch keys off: `rearm.Rearm`).
 """
 
 from __future__ import annotations

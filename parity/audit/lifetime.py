@@ -33,7 +33,6 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten
@@ -41,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 from parity.audit import kept, pool
 from parity.audit.capture import cuda_capturing, current_frame
 from parity.audit.infer import NO_KERNEL, not_callable
+from parity.audit.rearm import Rearm
 from parity.audit.state import Snapshot, bit_equal
 from parity.audit.trace import byte_range, merged, minus, within, written_tensors
 
@@ -135,6 +135,12 @@ def after_replay(culprit) -> None:
         else:
             _WATCHES.append(_Watch(weakref.ref(a), index, spans, saved, name))
     _PENDING.clear()
+    for a, index, saved, name, found in pool.overwritten():     # another forward's output: the pool check's
+        # NOTE: bytes that hold the culprit's own outputs now are read as those, never as A's.
+        spans = minus([byte_range(a.record.outputs[index])], outputs)
+        _WATCHES[:] = [w for w in _WATCHES if not (w.audit() is a and w.index == index)]
+        if spans:
+            _WATCHES.append(_Watch(weakref.ref(a), index, spans, saved, name, found))
     kept.after_replay(culprit, culprit.replayed_at)
     culprit.replayed_at = next(_CLOCK)
     _STATE["paused"] -= 1
@@ -142,14 +148,6 @@ def after_replay(culprit) -> None:
     if (_WATCHES or kept.wanted()) and not _STATE["pushed"] and not _STATE["paused"] \
             and not torch._C._len_torch_dispatch_stack():
         _push()
-
-
-def watch(audit, index: int, saved: torch.Tensor, culprit: str, found: dict) -> None:
-    """Watch output `index` of `audit`, overwritten by the replay of another forward's graph (`pool.after_replay`:
-    `found`, its finding): reported when the program reads it (call between `before_` and `after_replay`)."""
-    out = audit.record.outputs[index]
-    _WATCHES[:] = [w for w in _WATCHES if not (w.audit() is audit and w.index == index)]
-    _WATCHES.append(_Watch(weakref.ref(audit), index, [byte_range(out)], saved, culprit, found))
 
 
 def stop() -> None:
@@ -279,33 +277,5 @@ def _confirm(watch: _Watch, func, args, kwargs, written):
     return out
 
 
-_PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
-
-
-class _Rearm(TorchFunctionMode):
-    """Puts the watcher's dispatch keys back where a guard took them off under it.
-
-    The watcher is pushed inside the program's replay call, often inside its
-    `torch.inference_mode()` block; leaving that block restores the thread's
-    dispatch keys as they were on entry, without the keys that route ops to the
-    watcher, which then stays on the stack and sees nothing. At the program's
-    next torch call this mode includes them again.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        # NOTE: nothing while dynamo traces (it would trace the key calls into the compiled code; compiled code
-        # runs outside the watcher anyway).
-        if not torch.compiler.is_compiling():
-            _rearm()
-        return func(*args, **(kwargs or {}))
-
-
-def _rearm() -> None:
-    if _STATE["pushed"] and torch._C._len_torch_dispatch_stack() \
-            and not torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEYS[0]):
-        for key in _PYTHON_KEYS:
-            torch._C._dispatch_tls_set_dispatch_key_included(key, True)
-
-
 _WATCHER = _Reads()
-_REARM = _Rearm()
+_REARM = Rearm(lambda: _STATE["pushed"])

@@ -19,7 +19,7 @@ changes again, the two graphs share pool memory. The confirmation leaves every
 byte it touched as the real replay left it. Sharing a pool is no bug by
 itself (an engine that copies an output into a buffer of its own inside the
 capture never reads it after): the overwritten output is watched
-(`lifetime.watch`), and POOL_ALIAS is reported when the program reads it
+(`lifetime.py`), and POOL_ALIAS is reported when the program reads it
 before its graph replays again, and the read gives other values than on the
 output as its replay left it.
 """
@@ -46,6 +46,7 @@ class _Live:
 _LIVE: dict[object, _Live] = {}
 _SAME_FORWARD: dict[object, object] = {}     # family -> the family of the forward it continues
 _PRODUCED: list[tuple["weakref.ReferenceType", list[tuple[int, int]]]] = []   # in capture order
+_OVERWRITTEN: list[tuple] = []     # the last replay's overwrites of other forwards' live outputs (`overwritten`)
 
 
 def family_of(fn) -> object:
@@ -136,8 +137,9 @@ def _changed(live: _Live) -> str | None:
 
 
 def after_replay(culprit) -> None:
-    """Live outputs of other forwards that `culprit`'s replay just overwrote: each is watched (`lifetime.watch`)
-    and reported, to its audit, only when the program reads it before its own graph replays again."""
+    """Live outputs of other forwards that `culprit`'s replay just overwrote: each is handed to the read watcher
+    (`overwritten`, `lifetime.after_replay`) and reported, to its audit, only when the program reads it before its
+    own graph replays again."""
     for family, live in list(_LIVE.items()):
         victim = live.audit()
         if victim is None:
@@ -160,8 +162,15 @@ def after_replay(culprit) -> None:
                      experiment=f"restore the outputs of {victim.name!r}, replay {culprit.name!r} alone"
                      if again else None,
                      ruled_out=[] if again else [f"replay {culprit.name!r} alone on restored outputs"])
-        from parity.audit import lifetime     # NOTE: lifetime imports this module
-        lifetime.watch(victim, index, live.values[index], culprit.name, found)
+        _OVERWRITTEN.append((victim, index, live.values[index], culprit.name, found))
+
+
+def overwritten() -> list[tuple]:
+    """(audit, output index, its value as its replay left it, the culprit's name, the finding) of every output the
+    last replay overwrote, handed over once: `lifetime.after_replay` watches each for the program's read."""
+    found = list(_OVERWRITTEN)
+    _OVERWRITTEN.clear()
+    return found
 
 
 def _overwrites_again(culprit, live: _Live) -> bool:
