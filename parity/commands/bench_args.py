@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from parity.builders.synth.spec import SHAPES
 from parity.commands.bench_steps import STEPS
-from parity.commands.options import Parser, count, non_negative
+from parity.commands.options import Parser, count, non_negative, runs
 from parity.models.zoo import LOCAL_MODEL
 
 
@@ -35,7 +35,7 @@ def register(sub) -> None:
     fa.add_argument("--temperature", type=non_negative, default=0.8)
     fa.add_argument("--mode", default="full")
     fa.add_argument("--backend", default="emulated", choices=["auto", "cuda", "emulated"])
-    p.set_defaults(handler=main)
+    p.set_defaults(handler=runs("bench"))
 
 
 def register_scale(suites) -> None:
@@ -59,10 +59,3 @@ def register_scale(suites) -> None:
     sc.add_argument("--forward-iters", type=count, default=20, help="timed iterations per forward")
     sc.add_argument("--json", dest="scale_json", default="reports/bench-scale.json",
                     help="where to write every figure")
-
-
-def main(args) -> int:
-    """`parity bench` itself: bench.py, imported now that it runs (its imports take seconds)."""
-    from parity.commands import bench
-
-    return bench.main(args)

@@ -3,7 +3,7 @@ the command itself, bisect.py, is imported only when it runs."""
 
 from __future__ import annotations
 
-from parity.commands.options import add_common
+from parity.commands.options import add_common, runs
 
 
 def register(sub) -> None:
@@ -12,11 +12,4 @@ def register(sub) -> None:
     bisect.add_argument("--mode", default=None,
                         help="the graph mode to bisect (default: the first scenario mode that drifts)")
     bisect.add_argument("--json", action="store_true", help="print the diagnosis object alone on stdout")
-    bisect.set_defaults(handler=main)
-
-
-def main(args) -> int:
-    """`parity bisect` itself: bisect.py, imported now that it runs (its imports take seconds)."""
-    from parity.commands import bisect
-
-    return bisect.main(args)
+    bisect.set_defaults(handler=runs("bisect"))

@@ -3,7 +3,7 @@ the command itself, faults.py, is imported only when it runs."""
 
 from __future__ import annotations
 
-from parity.commands.options import Parser, non_negative
+from parity.commands.options import Parser, non_negative, runs
 
 
 def register(sub) -> None:
@@ -18,11 +18,4 @@ def register(sub) -> None:
     matrix.add_argument("--simulate-padding-numerics", type=non_negative, default=0.0, metavar="SCALE",
                         help="run every fault under the padding-numerics test seam (as `parity run`)")
     matrix.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    faults.set_defaults(handler=main)
-
-
-def main(args) -> int:
-    """`parity faults` itself: faults.py, imported now that it runs (its imports take seconds)."""
-    from parity.commands import faults
-
-    return faults.main(args)
+    faults.set_defaults(handler=runs("faults"))

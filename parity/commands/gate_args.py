@@ -3,7 +3,7 @@ the command itself, gate.py, is imported only when it runs."""
 
 from __future__ import annotations
 
-from parity.commands.options import add_common, add_force
+from parity.commands.options import add_common, add_force, runs
 
 
 def register(sub) -> None:
@@ -20,11 +20,4 @@ def register(sub) -> None:
                       help="a vLLM metrics or printed-acceptance file (repeat; the first is the reference)")
     gate.add_argument("--num-drafts", type=int, default=None, metavar="N",
                       help="drafts behind rates-only imports (vLLM's printed text), for a statistical test")
-    gate.set_defaults(handler=main)
-
-
-def main(args) -> int:
-    """`parity gate` itself: gate.py, imported now that it runs (its imports take seconds)."""
-    from parity.commands import gate
-
-    return gate.main(args)
+    gate.set_defaults(handler=runs("gate"))

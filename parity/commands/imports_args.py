@@ -3,6 +3,8 @@ the command itself, imports.py, is imported only when it runs."""
 
 from __future__ import annotations
 
+from parity.commands.options import runs
+
 
 def register(sub) -> None:
     imp = sub.add_parser("import", help="read acceptance from vLLM (metrics text or printed example output)")
@@ -10,11 +12,4 @@ def register(sub) -> None:
     imp.add_argument("--num-drafts", type=int, default=None, metavar="N", help="drafts behind printed rates")
     imp.add_argument("--format", default="auto", choices=["auto", "prometheus", "text"])
     imp.add_argument("--json", action="store_true", help="print the acceptance record as JSON")
-    imp.set_defaults(handler=main)
-
-
-def main(args) -> int:
-    """`parity import` itself: imports.py, imported now that it runs (its imports take seconds)."""
-    from parity.commands import imports
-
-    return imports.main(args)
+    imp.set_defaults(handler=runs("imports"))

@@ -3,7 +3,7 @@ the command itself, models.py, is imported only when it runs."""
 
 from __future__ import annotations
 
-from parity.commands.options import Parser
+from parity.commands.options import Parser, runs
 
 
 def register(sub) -> None:
@@ -39,11 +39,4 @@ def register(sub) -> None:
                             "at load, each TP rank its slices (a 70B pair; docs/tp.md); not calibrated")
     synth.add_argument("--scale", type=float, default=None,
                        help="--at-load: the target's o_proj/down_proj scale (default 1e-4)")
-    models.set_defaults(handler=main)
-
-
-def main(args) -> int:
-    """`parity models` itself: models.py, imported now that it runs (its imports take seconds)."""
-    from parity.commands import models
-
-    return models.main(args)
+    models.set_defaults(handler=runs("models"))

@@ -8,6 +8,7 @@ light: the standard library and the zoo's names, no torch, no transformers.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 
 from parity.errors import ParityInputError
@@ -15,6 +16,14 @@ from parity.models.zoo import DEFAULT_SCENARIO
 
 EXIT_PASS, EXIT_DRIFT, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143      # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
+
+
+def runs(command: str):
+    """The handler of `parity COMMAND`: commands/COMMAND.py's `main`, imported only when the command runs (its
+    imports, torch with them, take seconds; the parser is built without them)."""
+    def handler(args) -> int:
+        return importlib.import_module(f"parity.commands.{command}").main(args)
+    return handler
 
 
 class Parser(argparse.ArgumentParser):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from parity.commands.options import add_common, add_force, count, gibibytes, positive
+from parity.commands.options import add_common, add_force, count, gibibytes, positive, runs
 
 
 def register(sub) -> None:
@@ -24,7 +24,7 @@ def register(sub) -> None:
                           "the GPU instead of time-slicing it; docs/memory.md)")
     add_memory_options(run)
     add_tp_options(run)
-    run.set_defaults(handler=main)
+    run.set_defaults(handler=runs("run"))
 
 
 def add_memory_options(p) -> None:
@@ -46,10 +46,3 @@ def add_tp_options(p) -> None:
     p.add_argument("--tp-all-reduce", choices=("collective", "registered"), default=None,
                    help="the row-parallel all-reduce: the backend's collective (NCCL, gloo), or a custom all-reduce "
                         "through registered buffers every rank maps (docs/tp.md); needs --tp 2 or more")
-
-
-def main(args) -> int:
-    """`parity run` itself: run.py, imported now that it runs (its imports take seconds)."""
-    from parity.commands import run
-
-    return run.main(args)

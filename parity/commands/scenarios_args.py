@@ -3,7 +3,7 @@ the command itself, scenarios.py, is imported only when it runs."""
 
 from __future__ import annotations
 
-from parity.commands.options import Parser
+from parity.commands.options import Parser, runs
 
 
 def register(sub) -> None:
@@ -11,11 +11,4 @@ def register(sub) -> None:
     scenarios_sub = scenarios.add_subparsers(dest="scenarios_command", required=True, parser_class=Parser)
     ls = scenarios_sub.add_parser("list", help="scenario files and what they reproduce")
     ls.add_argument("--dir", default="scenarios")
-    scenarios.set_defaults(handler=main)
-
-
-def main(args) -> int:
-    """`parity scenarios` itself: scenarios.py, imported now that it runs (its imports take seconds)."""
-    from parity.commands import scenarios
-
-    return scenarios.main(args)
+    scenarios.set_defaults(handler=runs("scenarios"))
